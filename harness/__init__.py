@@ -1,0 +1,1 @@
+"""corewire: a conformance harness for vLLM's engine-core wire protocol."""
