@@ -1,0 +1,253 @@
+"""One mock engine (one DP rank) as a pure state machine: frames in, frames out.
+
+No sockets and no clock of its own: the runner feeds it received frames with the current
+time, asks it for whatever is due, and sleeps until `next_deadline()`. That keeps every
+behaviour testable without I/O and lets the same core sit behind any transport.
+
+Like vLLM's engine it emits at most one step per request per `poll()` and batches all
+requests that are due in one step into one `EngineCoreOutputs` per client.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.wire import (
+    DEFAULT_CODEC,
+    AbortRequests,
+    AddRequest,
+    ProtocolError,
+    WireCodec,
+)
+from harness.wire import messages as m
+from mock_engines.script import Die, EngineScript, Emit, Finish, Garbage, Step, default_ready
+from mock_engines.transcript import Record, Transcript
+
+ALL_CLIENTS = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """Frames to send on the output socket of `client_index` (ALL_CLIENTS: every one)."""
+
+    client_index: int
+    frames: list[bytes]
+
+
+@dataclass(slots=True)
+class _LiveRequest:
+    request: m.EngineCoreRequest
+    steps: list[Step]
+    position: int
+    due: float
+    tokens_sent: int = 0
+
+
+@dataclass(order=True)
+class _PendingReply:
+    due: float
+    seq: int
+    client_index: int = field(compare=False)
+    output: m.UtilityOutput = field(compare=False)
+
+
+class MockEngineCore:
+    """The engine role of the protocol for one rank, driven by an `EngineScript`."""
+
+    def __init__(self, rank: int, script: EngineScript | None = None, *,
+                 codec: WireCodec = DEFAULT_CODEC, transcript: Transcript | None = None,
+                 dp_size: int = 1) -> None:
+        self.rank = rank
+        self.script = script or EngineScript()
+        self.codec = codec
+        self.transcript = transcript if transcript is not None else Transcript()
+        self.dp_size = dp_size
+        self.live: dict[str, _LiveRequest] = {}
+        self.finished: set[str] = set()  # ids that got a final output
+        self.aborted: set[str] = set()  # ids removed by an ABORT while live
+        self.dead = False
+        self._adds_seen = 0
+        self._replies: list[_PendingReply] = []
+        self._reply_seq = 0
+        self._outbox: list[Outgoing] = []
+        self._finished_for_client: dict[int, list[str]] = {}
+
+    # ------------------------------------------------------------ registration
+
+    def ready_payload(self) -> bytes:
+        """The one frame this engine registers with on each input socket."""
+        if self.script.ready_payload is not None:
+            return self.script.ready_payload
+        ready = self.script.ready or default_ready(self.rank, self.dp_size)
+        return self.codec.encode_ready(ready)
+
+    def record_ready(self, now: float, payload: bytes) -> None:
+        self._record(now, "out", "ready", [payload], note="ready response")
+
+    # ------------------------------------------------------------------ input
+
+    def receive(self, frames: list[bytes], now: float) -> None:
+        """Handle one message from a frontend's ROUTER (identity already stripped)."""
+        try:
+            message = self.codec.decode_engine_input(frames)
+        except ProtocolError as exc:
+            self._record(now, "in", "input", frames, error=exc)
+            return
+        self._record(now, "in", "input", frames, message)
+        if self.dead:
+            return
+        if isinstance(message, AddRequest):
+            self._on_add(message.request, now)
+        elif isinstance(message, AbortRequests):
+            self._on_abort(message.request_ids)
+        elif isinstance(message, m.UtilityRequest):
+            self._on_utility(message, now)
+        # START_DP_WAVE is only legal from the coordinator; it is recorded, nothing more.
+
+    def _on_add(self, request: m.EngineCoreRequest, now: float) -> None:
+        index = self._adds_seen
+        self._adds_seen += 1
+        if request.request_id in self.live:
+            return  # a duplicate ADD for a live id: recorded in the transcript, ignored
+        steps = self.script.steps_for(request, index)
+        if request.abort_immediately or not steps:
+            return
+        self.live[request.request_id] = _LiveRequest(request, steps, 0, now + _delay(steps[0]))
+
+    def _on_abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            live = self.live.pop(rid, None)
+            if live is not None:
+                self.aborted.add(rid)
+                self._note_finished(live.request.client_index, rid)
+
+    def _on_utility(self, call: m.UtilityRequest, now: float) -> None:
+        reply = self.script.utility_reply(call.method)
+        if reply.never:
+            return
+        if reply.failure is not None:
+            output = m.UtilityOutput(call.call_id, reply.failure, None)
+        else:
+            output = m.UtilityOutput(call.call_id, None, m.UtilityResult(None, reply.value))
+        self._reply_seq += 1
+        heapq.heappush(self._replies, _PendingReply(now + reply.delay, self._reply_seq,
+                                                    call.client_index, output))
+
+    # ----------------------------------------------------------------- output
+
+    def next_deadline(self) -> float | None:
+        """The earliest time something becomes due (None: nothing scheduled)."""
+        if self.dead:
+            return None
+        times = [r.due for r in self.live.values()]
+        if self._replies:
+            times.append(self._replies[0].due)
+        if self._outbox or self._finished_for_client:
+            return 0.0
+        return min(times) if times else None
+
+    def poll(self, now: float) -> list[Outgoing]:
+        """Everything due at `now`: utility replies, then one engine step."""
+        out, self._outbox = self._outbox, []
+        while self._replies and self._replies[0].due <= now and not self.dead:
+            pending = heapq.heappop(self._replies)
+            outputs = m.EngineCoreOutputs(self.rank, [], None, now,
+                                          utility_output=pending.output)
+            out.append(self._emit(now, pending.client_index, outputs))
+        if not self.dead:
+            out.extend(self._step(now))
+        return out
+
+    def _step(self, now: float) -> list[Outgoing]:
+        per_client: dict[int, list[m.EngineCoreOutput]] = {}
+        faults: list[Outgoing] = []
+        for rid, live in list(self.live.items()):
+            if live.due > now:
+                continue
+            step = live.steps[live.position]
+            client = live.request.client_index
+            if isinstance(step, Die):
+                return [*faults, *self._die(now)]
+            if isinstance(step, Garbage):
+                frames = list(step.frames)
+                self._record(now, "out", "fault", frames, note="scripted garbage frame")
+                faults.append(Outgoing(client, frames))
+                self._advance(rid, live)
+                continue
+            per_client.setdefault(client, []).append(self._output_for(rid, live, step))
+        out = faults
+        for client, outputs in per_client.items():
+            finished = self._finished_for_client.pop(client, None)
+            msg = m.EngineCoreOutputs(self.rank, outputs, None, now, finished_requests=finished,
+                                      weight_version=self.script.weight_version)
+            out.append(self._emit(now, client, msg))
+        for client in list(self._finished_for_client):
+            finished = self._finished_for_client.pop(client)
+            msg = m.EngineCoreOutputs(self.rank, [], None, now, finished_requests=finished)
+            out.append(self._emit(now, client, msg))
+        return out
+
+    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | Finish
+                    ) -> m.EngineCoreOutput:
+        tokens = list(step.tokens)
+        live.tokens_sent += len(tokens)
+        if isinstance(step, Emit):
+            self._advance(rid, live)
+            return m.EngineCoreOutput(rid, tokens)
+        del self.live[rid]
+        self.finished.add(rid)
+        self._note_finished(live.request.client_index, rid)
+        return m.EngineCoreOutput(rid, tokens, finish_reason=step.reason,
+                                  stop_reason=step.stop_reason,
+                                  kv_transfer_params=step.kv_transfer_params, error=step.error)
+
+    def _advance(self, rid: str, live: _LiveRequest) -> None:
+        live.position += 1
+        if live.position >= len(live.steps):
+            # A script that ends without Finish leaves the request open until aborted.
+            live.due = float("inf")
+        else:
+            live.due += _delay(live.steps[live.position])
+
+    def _note_finished(self, client: int, rid: str) -> None:
+        if self.script.report_finished:
+            self._finished_for_client.setdefault(client, []).append(rid)
+
+    # ------------------------------------------------------------------ faults
+
+    def _die(self, now: float) -> list[Outgoing]:
+        self.dead = True
+        frames = self.codec.encode_engine_dead()
+        self._record(now, "out", "output", frames, note="ENGINE_CORE_DEAD")
+        return [Outgoing(ALL_CLIENTS, frames)]
+
+    def inject_dead(self, now: float) -> None:
+        """Send ENGINE_CORE_DEAD to every client at the next poll and stop serving."""
+        if not self.dead:
+            self._outbox.extend(self._die(now))
+
+    def inject_garbage(self, now: float, frames: list[bytes], client_index: int = 0) -> None:
+        self._record(now, "out", "fault", frames, note="injected garbage frame")
+        self._outbox.append(Outgoing(client_index, frames))
+
+    # ------------------------------------------------------------------ state
+
+    def counts(self) -> tuple[int, int]:
+        """(waiting, running) as a DP coordinator would publish them."""
+        return 0, len(self.live)
+
+    def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
+        frames = self.codec.encode_outputs(outputs)
+        self.transcript.append(Record(now, self.rank, "out", "output", tuple(frames), outputs))
+        return Outgoing(client, frames)
+
+    def _record(self, now: float, direction: Any, channel: Any, frames: list[bytes],
+                message: Any = None, error: ProtocolError | None = None, note: str = "") -> None:
+        self.transcript.append(Record(now, self.rank, direction, channel,
+                                      tuple(bytes(f) for f in frames), message, error, note))
+
+
+def _delay(step: Step) -> float:
+    return step.delay

@@ -1,0 +1,249 @@
+"""`MockEngine` (one rank on real sockets), `EngineGroup` (N ranks) and the mock DP coordinator.
+
+The group is what tests and frontend drivers hold: it starts N engines against whatever
+the frontend bound (or against its handshake socket), publishes DP stats like vLLM's
+coordinator, merges the transcripts, and always cleans up (threads joined, sockets closed,
+the ZMQ context terminated) within a bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import zmq
+
+from harness.transport.sockets import make_socket
+from harness.wire import DEFAULT_CODEC, WireCodec
+from harness.wire import messages as m
+from mock_engines.engine import MockEngineCore
+from mock_engines.runner import Bootstrapped, Connection, EngineRunner, Handshake
+from mock_engines.script import EngineScript
+from mock_engines.transcript import MergedTranscript, Record, Transcript
+
+COORDINATOR_RANK = -1
+
+
+class MockEngine:
+    """One scripted DP rank: its state machine, its socket thread and its transcript."""
+
+    def __init__(self, rank: int, script: EngineScript, ctx: zmq.Context[zmq.Socket[bytes]],
+                 *, codec: WireCodec = DEFAULT_CODEC, dp_size: int = 1) -> None:
+        self.rank = rank
+        self.script = script
+        self.transcript = Transcript()
+        self.core = MockEngineCore(rank, script, codec=codec, transcript=self.transcript,
+                                   dp_size=dp_size)
+        self._ctx = ctx
+        self.runner: EngineRunner | None = None
+
+    def start(self, connection: Connection) -> None:
+        self.runner = EngineRunner(self.core, self._ctx, connection)
+        self.runner.start()
+
+    def _runner(self) -> EngineRunner:
+        if self.runner is None:
+            raise RuntimeError(f"mock engine {self.rank} is not started")
+        return self.runner
+
+    # Faults, each recorded in the transcript.
+    def send_dead(self) -> None:
+        self._runner().send_dead()
+
+    def send_garbage(self, frames: list[bytes], client_index: int = 0) -> None:
+        self._runner().send_garbage(frames, client_index)
+
+    def stop_reading(self) -> None:
+        self._runner().stop_reading()
+
+    def resume_reading(self) -> None:
+        self._runner().resume_reading()
+
+    def close_sockets(self) -> None:
+        self._runner().close_sockets()
+
+    def exit(self) -> None:
+        self._runner().exit()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.runner is not None:
+            self.runner.stop(timeout)
+
+
+class MockCoordinator:
+    """The frontend-facing half of vLLM's DP coordinator: an XPUB publishing load stats.
+
+    Publishes `[counts, wave, running]` with one `[waiting, running, 0.0]` triple per engine
+    every `interval` seconds, and records what it publishes and the subscriptions it gets.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str,
+                 engines: Sequence[MockEngine], *, codec: WireCodec = DEFAULT_CODEC,
+                 interval: float = 0.1) -> None:
+        self.address = address
+        self.transcript = Transcript()
+        self._ctx = ctx
+        self._engines = engines
+        self._codec = codec
+        self._interval = interval
+        self._stop = threading.Event()
+        self._bound = threading.Event()
+        self.failure: BaseException | None = None
+        self.wave = 0
+        self._thread = threading.Thread(target=self._run, name="mock-dp-coordinator",
+                                        daemon=True)
+
+    def start(self, timeout: float = 5.0) -> None:
+        self._thread.start()
+        if not self._bound.wait(timeout):
+            raise TimeoutError("mock DP coordinator did not bind in time")
+        if self.failure is not None:
+            raise RuntimeError(f"mock DP coordinator failed: {self.failure}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("mock DP coordinator did not stop in time")
+
+    def _run(self) -> None:
+        sock = make_socket(self._ctx, zmq.XPUB)
+        try:
+            sock.bind(self.address)
+        except zmq.ZMQError as exc:
+            self.failure = exc
+            self._bound.set()
+            sock.close(0)
+            return
+        self._bound.set()
+        try:
+            next_publish = time.monotonic()
+            while not self._stop.is_set():
+                wait_ms = max(0.0, (next_publish - time.monotonic()) * 1000)
+                if sock.poll(min(wait_ms, 50)):
+                    frame = sock.recv()
+                    self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "in",
+                                                  "coordinator", (frame,), None, None,
+                                                  "subscription"))
+                if time.monotonic() >= next_publish:
+                    counts = [(w, r, 0.0) for w, r in (e.core.counts() for e in self._engines)]
+                    update = m.DPStatsUpdate(counts, self.wave, any(r for _, r, _ in counts))
+                    payload = self._codec.encode_dp_stats(update)
+                    sock.send(payload)
+                    self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
+                                                  "coordinator", (payload,), update))
+                    next_publish = time.monotonic() + self._interval
+        except BaseException as exc:
+            self.failure = exc
+        finally:
+            sock.close(0)
+
+
+class EngineGroup:
+    """N mock engines (DP ranks 0..N-1) plus, for DP, a mock coordinator."""
+
+    def __init__(self, scripts: Sequence[EngineScript] | int, *,
+                 codec: WireCodec = DEFAULT_CODEC, coordinator_address: str | None = None,
+                 rank_offset: int = 0) -> None:
+        if isinstance(scripts, int):
+            scripts = [EngineScript() for _ in range(scripts)]
+        if not scripts:
+            raise ValueError("an engine group needs at least one engine")
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.codec = codec
+        self.engines = [MockEngine(rank_offset + i, s, self.ctx, codec=codec,
+                                   dp_size=len(scripts)) for i, s in enumerate(scripts)]
+        self.coordinator = (MockCoordinator(self.ctx, coordinator_address, self.engines,
+                                            codec=codec)
+                            if coordinator_address else None)
+        parts = [e.transcript for e in self.engines]
+        if self.coordinator is not None:
+            parts.append(self.coordinator.transcript)
+        self.transcript = MergedTranscript(parts)
+        self._started = False
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def __getitem__(self, index: int) -> MockEngine:
+        return self.engines[index]
+
+    @property
+    def stats_address(self) -> str | None:
+        return self.coordinator.address if self.coordinator else None
+
+    # ------------------------------------------------------------------ start
+
+    def start_coordinator(self) -> None:
+        """Bind the coordinator's XPUB (frontends connect to it before engines register)."""
+        if self.coordinator is not None and not self.coordinator._thread.is_alive():
+            self.coordinator.start()
+
+    def start_bootstrapped(self, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+        """Connect every engine to addresses the frontend bound (one per client)."""
+        self.start_coordinator()
+        for engine in self.engines:
+            engine.start(Bootstrapped(list(inputs), list(outputs)))
+        self._started = True
+
+    def start_handshake(self, address: str, *, local: bool = True, headless: bool = False,
+                        timeout: float = 30.0) -> None:
+        """Each engine does HELLO / INIT / READY against the frontend's handshake ROUTER."""
+        self.start_coordinator()
+        for engine in self.engines:
+            engine.start(Handshake(address, local, headless, timeout))
+        self._started = True
+
+    def wait_registered(self, timeout: float) -> bool:
+        """True once every engine that is scripted to register has sent its ready frame."""
+        deadline = time.monotonic() + timeout
+        for engine in self.engines:
+            if not engine.script.register or engine.runner is None:
+                continue
+            if not engine.runner.registered.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def failures(self) -> list[tuple[int, BaseException]]:
+        """Harness-level failures of engine threads (e.g. a handshake that timed out)."""
+        out = [(e.rank, e.runner.failure) for e in self.engines
+               if e.runner is not None and e.runner.failure is not None]
+        if self.coordinator is not None and self.coordinator.failure is not None:
+            out.append((COORDINATOR_RANK, self.coordinator.failure))
+        return out
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every thread, close every socket and terminate the context (bounded)."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for engine in self.engines:
+            try:
+                engine.stop(timeout)
+            except TimeoutError as exc:
+                errors.append(exc)
+        if self.coordinator is not None and self.coordinator._thread.is_alive():
+            try:
+                self.coordinator.stop(timeout)
+            except TimeoutError as exc:
+                errors.append(exc)
+        if not errors:
+            self.ctx.term()
+        if errors:
+            raise TimeoutError("; ".join(str(e) for e in errors))
+
+    def __enter__(self) -> EngineGroup:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+__all__ = ["COORDINATOR_RANK", "EngineGroup", "MockCoordinator", "MockEngine"]

@@ -1,0 +1,281 @@
+"""The I/O around one `MockEngineCore`: real pyzmq sockets on a dedicated thread.
+
+A thread per engine with blocking pyzmq keeps the streaming path fast and independent of
+whatever event loop the frontend under test runs. The thread sleeps in `zmq.Poller` until
+input arrives, the core's next deadline passes, or a control command wakes it through a
+pipe. Commands (faults, stop) are queued from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from harness.transport.sockets import engine_identity, make_socket
+from harness.wire import ProtocolError
+from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
+from mock_engines.transcript import Record
+
+_MAX_POLL_MS = 1000  # defensive upper bound on any single sleep
+_DRAIN_BATCH = 256  # inputs read per wake before the engine takes a step
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    """Connect to addresses the frontend (or its supervisor) already bound."""
+
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """Do the engine side of HELLO / INIT / READY against a frontend-owned ROUTER."""
+
+    address: str
+    local: bool = True
+    headless: bool = False
+    timeout: float = 30.0
+
+
+Connection = Bootstrapped | Handshake
+
+
+class EngineRunner:
+    """Runs one engine core on real sockets until stopped, exited or faulted."""
+
+    def __init__(self, core: MockEngineCore, ctx: zmq.Context[zmq.Socket[bytes]],
+                 connection: Connection) -> None:
+        self.core = core
+        self.ctx = ctx
+        self.connection = connection
+        self.registered = threading.Event()
+        self.failure: BaseException | None = None  # harness-level failure, for reports
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = False
+        self._reading = True
+        self._inputs: list[zmq.Socket[bytes]] = []
+        self._outputs: list[zmq.Socket[bytes]] = []
+        self._sockets_changed = False
+        self._thread = threading.Thread(target=self._run, name=f"mock-engine-{core.rank}",
+                                        daemon=True)
+
+    # ---------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and close its sockets; bounded by `timeout`."""
+        self._stop = True
+        self._wake()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"mock engine {self.core.rank} did not stop within {timeout}s")
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(self, command: Callable[[], None]) -> None:
+        """Run `command` on the engine thread (the only thread that touches the core)."""
+        self._commands.put(command)
+        self._wake()
+
+    def send_dead(self) -> None:
+        self.call(lambda: self.core.inject_dead(time.monotonic()))
+
+    def send_garbage(self, frames: list[bytes], client_index: int = 0) -> None:
+        self.call(lambda: self.core.inject_garbage(time.monotonic(), frames, client_index))
+
+    def stop_reading(self) -> None:
+        self.call(lambda: self._fault("stop reading input", self._set_reading, False))
+
+    def resume_reading(self) -> None:
+        self.call(lambda: self._fault("resume reading input", self._set_reading, True))
+
+    def close_sockets(self) -> None:
+        self.call(lambda: self._fault("close sockets", self._close_sockets))
+
+    def exit(self) -> None:
+        """End the engine thread abruptly (sockets closed, nothing sent)."""
+        self.call(lambda: self._fault("exit", self._request_stop))
+
+    # ------------------------------------------------------------------ thread
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        try:
+            if isinstance(self.connection, Handshake):
+                inputs, outputs = self._handshake(self.connection)
+            else:
+                inputs, outputs = self.connection.inputs, self.connection.outputs
+            if not self._stop:
+                self._connect(inputs, outputs)
+                self._register()
+                if isinstance(self.connection, Handshake):
+                    self._finish_handshake()
+                self._loop()
+        except BaseException as exc:  # recorded for the report; never kills the harness
+            self.failure = exc
+        finally:
+            self._close_sockets()
+            self._handshake_sock_close()
+
+    _hs: zmq.Socket[bytes] | None = None
+
+    def _handshake(self, hs: Handshake) -> tuple[list[str], list[str]]:
+        core = self.core
+        self._hs = sock = make_socket(self.ctx, zmq.DEALER,
+                                      identity=engine_identity(core.rank))
+        sock.connect(hs.address)
+        hello = core.codec.encode_hello(hs.local, hs.headless)
+        sock.send(hello)
+        core.transcript.append(Record(time.monotonic(), core.rank, "out", "handshake",
+                                      (hello,), None, None, "HELLO"))
+        deadline = time.monotonic() + hs.timeout
+        while not self._stop:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no INIT from the launcher within {hs.timeout}s")
+            if sock.poll(min(remaining, 0.1) * 1000):
+                frames = sock.recv_multipart()
+                now = time.monotonic()
+                try:
+                    init = core.codec.decode_init(frames[-1])
+                except ProtocolError as exc:
+                    core.transcript.append(Record(now, core.rank, "in", "handshake",
+                                                  tuple(frames), None, exc))
+                    raise
+                core.transcript.append(Record(now, core.rank, "in", "handshake",
+                                              tuple(frames), init, None, "INIT"))
+                return init.addresses.inputs, init.addresses.outputs
+        return [], []
+
+    def _finish_handshake(self) -> None:
+        assert self._hs is not None and isinstance(self.connection, Handshake)
+        ready = self.core.codec.encode_handshake_ready(self.connection.local,
+                                                       self.connection.headless)
+        self._hs.send(ready)
+        self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out",
+                                           "handshake", (ready,), None, None, "READY"))
+
+    def _handshake_sock_close(self) -> None:
+        if self._hs is not None:
+            self._hs.close(linger=500)
+            self._hs = None
+
+    def _connect(self, inputs: list[str], outputs: list[str]) -> None:
+        ident = engine_identity(self.core.rank)
+        for addr in inputs:
+            sock = make_socket(self.ctx, zmq.DEALER, identity=ident)
+            sock.connect(addr)
+            self._inputs.append(sock)
+        for addr in outputs:
+            sock = make_socket(self.ctx, zmq.PUSH, linger=1000)
+            sock.connect(addr)
+            self._outputs.append(sock)
+
+    def _register(self) -> None:
+        if not self.core.script.register:
+            return
+        payload = self.core.ready_payload()
+        for sock in self._inputs:
+            sock.send(payload)
+        self.core.record_ready(time.monotonic(), payload)
+        self.registered.set()
+
+    def _loop(self) -> None:
+        core = self.core
+        poller = self._make_poller()
+        monotonic = time.monotonic
+        while not self._stop:
+            if self._sockets_changed:
+                poller = self._make_poller()
+            deadline = core.next_deadline()
+            if deadline is None:
+                timeout: float = _MAX_POLL_MS
+            else:
+                timeout = min(max((deadline - monotonic()) * 1000.0, 0.0), _MAX_POLL_MS)
+            events = dict(poller.poll(timeout))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+                while not self._commands.empty():
+                    self._commands.get_nowait()()
+                if self._stop:
+                    break
+            if self._reading:
+                for sock in self._inputs:
+                    if sock in events:
+                        self._drain(sock)
+            for item in core.poll(monotonic()):
+                self._send(item)
+
+    def _make_poller(self) -> zmq.Poller:
+        self._sockets_changed = False
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        for sock in self._inputs:
+            poller.register(sock, zmq.POLLIN)
+        return poller
+
+    def _drain(self, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(_DRAIN_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.core.receive(frames, time.monotonic())
+
+    def _send(self, item: Outgoing) -> None:
+        if not self._outputs:
+            return
+        if item.client_index == ALL_CLIENTS:
+            targets = self._outputs
+        elif 0 <= item.client_index < len(self._outputs):
+            targets = [self._outputs[item.client_index]]
+        else:
+            self._fault(f"no output socket for client_index {item.client_index}; dropped")
+            return
+        for sock in targets:
+            sock.send_multipart(item.frames)
+
+    # ------------------------------------------------------------------ faults
+
+    def _fault(self, note: str, action: Callable[..., None] | None = None,
+               *args: object) -> None:
+        self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out", "fault",
+                                           (), None, None, note))
+        if action is not None:
+            action(*args)
+
+    def _set_reading(self, value: bool) -> None:
+        self._reading = value
+
+    def _request_stop(self) -> None:
+        self._stop = True
+
+    def _close_sockets(self) -> None:
+        for sock in [*self._inputs, *self._outputs]:
+            sock.close(linger=0)
+        self._inputs.clear()
+        self._outputs.clear()
+        self._sockets_changed = True
+

@@ -1,0 +1,194 @@
+"""The scripting API of mock engines: what an engine answers, when, and how it fails.
+
+Scripts are plain data that tests build before (or while) an engine runs:
+
+* `EngineScript.ready`      -- the ready response (every field settable, or raw bytes).
+* `EngineScript.rules`      -- per-request output scripts, matched by prompt, id or order.
+* `EngineScript.utilities`  -- per-method utility replies (value, failure, delay, never).
+* steps such as `Die()` / `Garbage()` inside an output script fault the engine mid-stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.wire import messages as m
+
+# ----------------------------------------------------------------- output steps
+
+
+@dataclass(frozen=True)
+class Emit:
+    """After `delay` seconds, send `tokens` as one output delta."""
+
+    tokens: Sequence[int]
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    """After `delay` seconds, send the final output (optionally with last tokens)."""
+
+    reason: m.FinishReason = m.FinishReason.LENGTH
+    tokens: Sequence[int] = ()
+    delay: float = 0.0
+    stop_reason: int | str | None = None
+    error: m.RequestError | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Die:
+    """After `delay` seconds, send ENGINE_CORE_DEAD on every output socket and go silent."""
+
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """After `delay` seconds, send `frames` (not a valid message) on the request's socket."""
+
+    frames: Sequence[bytes] = (b"\xc1not-msgpack",)
+    delay: float = 0.0
+
+
+Step = Emit | Finish | Die | Garbage
+StepFactory = Callable[[m.EngineCoreRequest], Sequence[Step]]
+
+
+def stream(tokens: Sequence[int], interval: float = 0.0,
+           reason: m.FinishReason = m.FinishReason.LENGTH,
+           stop_reason: int | str | None = None) -> list[Step]:
+    """One token per step, `interval` apart, the last one carried by the final output."""
+    if not tokens:
+        return [Finish(reason, delay=interval, stop_reason=stop_reason)]
+    steps: list[Step] = [Emit([t], interval) for t in tokens[:-1]]
+    steps.append(Finish(reason, [tokens[-1]], interval, stop_reason))
+    return steps
+
+
+def endless(interval: float, first_token: int = 100) -> StepFactory:
+    """A stream that never finishes on its own (for drops and aborts): a long token run."""
+
+    def make(_request: m.EngineCoreRequest) -> list[Step]:
+        return [Emit([first_token + i % 800], interval) for i in range(100_000)]
+
+    return make
+
+
+def default_steps(request: m.EngineCoreRequest) -> list[Step]:
+    """What an unscripted request gets: `max_tokens` tokens 100, 101, ... then LENGTH."""
+    params = request.sampling_params
+    n = params.max_tokens if params is not None and params.max_tokens is not None else 16
+    return stream([100 + i % 800 for i in range(max(n, 1))])
+
+
+# ----------------------------------------------------------------- request rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Which requests get which steps: the first matching rule wins."""
+
+    match: Callable[[m.EngineCoreRequest, int], bool]
+    steps: Sequence[Step] | StepFactory
+    description: str = ""
+
+    def steps_for(self, request: m.EngineCoreRequest) -> list[Step]:
+        return list(self.steps(request) if callable(self.steps) else self.steps)
+
+
+def by_prompt(prompt: Sequence[int], steps: Sequence[Step] | StepFactory) -> Rule:
+    want = list(prompt)
+    return Rule(lambda r, _i: r.prompt_token_ids == want, steps, f"prompt={want}")
+
+
+def by_id(request_id: str, steps: Sequence[Step] | StepFactory) -> Rule:
+    return Rule(lambda r, _i: r.request_id == request_id, steps, f"id={request_id}")
+
+
+def by_index(index: int, steps: Sequence[Step] | StepFactory) -> Rule:
+    """The `index`-th ADD this engine receives (0-based)."""
+    return Rule(lambda _r, i: i == index, steps, f"index={index}")
+
+
+def any_request(steps: Sequence[Step] | StepFactory) -> Rule:
+    return Rule(lambda _r, _i: True, steps, "any")
+
+
+# ----------------------------------------------------------------- utilities
+
+
+@dataclass(frozen=True)
+class UtilityReply:
+    """How an engine answers one utility method."""
+
+    value: Any = None
+    failure: str | None = None
+    delay: float = 0.0
+    never: bool = False  # swallow the call: no reply at all
+
+
+DEFAULT_UTILITIES: dict[str, UtilityReply] = {
+    "is_sleeping": UtilityReply(False),
+    "reset_prefix_cache": UtilityReply(True),
+    "get_supported_tasks": UtilityReply(["generate"]),
+    "reset_mm_cache": UtilityReply(None),
+    "is_scheduler_paused": UtilityReply(False),
+    "get_weight_version": UtilityReply("default"),
+    "wake_up": UtilityReply(True),
+    "sleep": UtilityReply(None),
+}
+
+
+# ----------------------------------------------------------------- ready response
+
+
+def default_ready(rank: int, dp_size: int = 1, **overrides: Any) -> m.EngineCoreReadyResponse:
+    """A plausible ready response for a tiny CPU model; any field can be overridden."""
+    fields: dict[str, Any] = dict(
+        max_model_len=1024, num_gpu_blocks=1000, block_size=16, dp_stats_address=None,
+        dtype="bfloat16", vllm_version="0.33.0", world_size=1, data_parallel_size=dp_size,
+        tensor_parallel_size=1, pipeline_parallel_size=1, decode_context_parallel_size=1,
+        data_parallel_rank=rank, max_num_seqs=256, max_num_batched_tokens=2048,
+        instance_id=f"mock-{rank}", supports_lora=False, max_loras=0,
+        kv_cache_size_tokens=16000, kv_cache_max_concurrency=15.6,
+        effective_attention_block_size=16,
+    )
+    fields.update(overrides)
+    return m.EngineCoreReadyResponse(**fields)
+
+
+# ----------------------------------------------------------------- the script
+
+
+@dataclass
+class EngineScript:
+    """Everything scriptable about one mock engine (one DP rank)."""
+
+    ready: m.EngineCoreReadyResponse | None = None
+    # Raw bytes sent instead of the encoded ready response (malformed-ready cases).
+    ready_payload: bytes | None = None
+    register: bool = True  # False: never send the ready frame
+    rules: list[Rule] = field(default_factory=list)
+    default: StepFactory = default_steps
+    utilities: dict[str, UtilityReply] = field(default_factory=dict)
+    # Report finished/aborted ids in `finished_requests` (real engines do in internal-LB DP).
+    report_finished: bool = False
+    weight_version: str | None = "default"
+
+    def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
+        for rule in self.rules:
+            if rule.match(request, index):
+                return rule.steps_for(request)
+        return list(self.default(request))
+
+    def utility_reply(self, method: str) -> UtilityReply:
+        if method in self.utilities:
+            return self.utilities[method]
+        if method in DEFAULT_UTILITIES:
+            return DEFAULT_UTILITIES[method]
+        return UtilityReply(failure=f"Call to {method} method failed: "
+                                    f"not scripted on this mock engine")

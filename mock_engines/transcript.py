@@ -1,0 +1,151 @@
+"""Wire transcripts: every frame in and out of a mock engine, decoded, timed and queryable.
+
+A conformance verdict is only as convincing as its evidence, so the transcript keeps raw
+bytes next to the decoded message and any ProtocolError, and serialises to JSON (decoded +
+hex) for reports. Appends happen on engine threads; readers take snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.wire import AbortRequests, AddRequest, ProtocolError, to_jsonable
+from harness.wire import messages as m
+
+Direction = Literal["in", "out"]
+Channel = Literal["input", "output", "ready", "handshake", "coordinator", "fault"]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message crossing the link (or a fault the harness injected)."""
+
+    t: float  # time.monotonic()
+    rank: int
+    direction: Direction
+    channel: Channel
+    frames: tuple[bytes, ...]
+    message: Any = None
+    error: ProtocolError | None = None
+    note: str = ""
+
+    def to_json(self, t0: float = 0.0, hex_limit: int = 512) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "t": round(self.t - t0, 6),
+            "rank": self.rank,
+            "direction": self.direction,
+            "channel": self.channel,
+            "frames_hex": [f[:hex_limit].hex() + ("..." if len(f) > hex_limit else "")
+                           for f in self.frames],
+        }
+        if self.message is not None:
+            out["decoded"] = to_jsonable(self.message)
+        if self.error is not None:
+            out["error"] = {"kind": self.error.kind, "detail": self.error.detail}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass
+class Transcript:
+    """Append-only record list with the queries conformance cases need."""
+
+    records: list[Record] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def append(self, record: Record) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def snapshot(self) -> list[Record]:
+        with self._lock:
+            return list(self.records)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.snapshot())
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # ------------------------------------------------------------------ queries
+
+    def select(self, *, rank: int | None = None, direction: Direction | None = None,
+               channel: Channel | None = None, kind: type | tuple[type, ...] | None = None,
+               since: float | None = None) -> list[Record]:
+        """Records matching every given filter, in time order."""
+        return [r for r in self.snapshot()
+                if (rank is None or r.rank == rank)
+                and (direction is None or r.direction == direction)
+                and (channel is None or r.channel == channel)
+                and (kind is None or isinstance(r.message, kind))
+                and (since is None or r.t >= since)]
+
+    def adds(self, rank: int | None = None) -> list[m.EngineCoreRequest]:
+        return [r.message.request for r in self.select(rank=rank, direction="in",
+                                                          kind=AddRequest)]
+
+    def abort_frames(self, rank: int | None = None, since: float | None = None
+                     ) -> list[Record]:
+        return self.select(rank=rank, direction="in", kind=AbortRequests, since=since)
+
+    def aborted_ids(self, rank: int | None = None, since: float | None = None) -> list[str]:
+        """Every id in every ABORT frame, duplicates kept (exactly-once checks need them)."""
+        return [rid for r in self.abort_frames(rank, since) for rid in r.message.request_ids]
+
+    def utility_calls(self, method: str | None = None, rank: int | None = None
+                      ) -> list[Record]:
+        return [r for r in self.select(rank=rank, direction="in", kind=m.UtilityRequest)
+                if method is None or r.message.method == method]
+
+    def protocol_errors(self, rank: int | None = None) -> list[Record]:
+        return [r for r in self.select(rank=rank) if r.error is not None]
+
+    def owner_of(self, request_id: str) -> int | None:
+        """The rank that received the ADD for `request_id` (first one), if any."""
+        for r in self.select(direction="in", kind=AddRequest):
+            if r.message.request.request_id == request_id:
+                return r.rank
+        return None
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait_for(self, predicate: Callable[[Transcript], bool], timeout: float,
+                       interval: float = 0.005) -> bool:
+        """Poll `predicate` until true or `timeout` seconds pass; returns the last result."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate(self):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(interval)
+
+    def to_json(self, records: Iterable[Record] | None = None) -> list[dict[str, Any]]:
+        recs = self.snapshot() if records is None else list(records)
+        t0 = recs[0].t if recs else 0.0
+        return [r.to_json(t0) for r in recs]
+
+
+class MergedTranscript(Transcript):
+    """A read-only view over several engines' transcripts, merged by time."""
+
+    def __init__(self, parts: list[Transcript]) -> None:
+        super().__init__()
+        self._parts = parts
+
+    def append(self, record: Record) -> None:
+        raise TypeError("a merged transcript is read-only")
+
+    def snapshot(self) -> list[Record]:
+        merged = [r for part in self._parts for r in part.snapshot()]
+        merged.sort(key=lambda r: r.t)
+        return merged
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._parts)
