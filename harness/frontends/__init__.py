@@ -1,0 +1,1 @@
+"""Frontends under test: one driver interface, several implementations."""

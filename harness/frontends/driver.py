@@ -1,0 +1,153 @@
+"""The one interface every frontend under test is driven through.
+
+Conformance cases are written against `FrontendDriver` only, so the same case runs against
+our reference frontend, the real Rust and Python frontends of vLLM, and any port speaking
+the subprocess driver protocol. A driver declares `capabilities`; a case that needs one the
+driver lacks is graded UNSUPPORTED instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mock_engines.group import EngineGroup
+
+
+class Capability(str, enum.Enum):
+    """What a driver can do or observe through its frontend's surface."""
+
+    GENERATE = "generate"  # start requests and read their token streams
+    DROP = "drop"  # the client goes away mid-stream (auto-abort path)
+    ABORT = "abort"  # explicit abort of request ids
+    IS_SLEEPING = "is_sleeping"
+    RESET_PREFIX_CACHE = "reset_prefix_cache"
+    DP_RANK = "dp_rank"  # honour an explicit data_parallel_rank per request
+    STOP_STRINGS = "stop_strings"  # frontend-side stop-string detection
+    MAX_MODEL_LEN = "max_model_len"  # observed_config().max_model_len is reported
+    BLOCK_SIZE = "block_size"
+    NUM_GPU_BLOCKS = "num_gpu_blocks"
+    REQUEST_ERRORS = "request_errors"  # per-request ERROR surfaces as a stream error
+    ENGINE_DEATH = "engine_death"  # ENGINE_CORE_DEAD surfaces as errors
+
+
+ALL_CAPABILITIES = frozenset(Capability)
+
+
+class FrontendError(Exception):
+    """A call on the frontend under test failed (the frontend's answer, not a harness bug)."""
+
+
+class StartupError(FrontendError):
+    """The frontend did not come up against the engine group (bounded)."""
+
+
+class UnsupportedOperation(FrontendError):
+    """The driver cannot perform this operation; cases turn it into UNSUPPORTED."""
+
+
+@dataclass
+class ObservedConfig:
+    """Config the frontend derived from the ready responses (None: not observable)."""
+
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+
+
+@dataclass
+class StreamHandle:
+    """One generate() call as the client sees it; drivers fill it, cases read it."""
+
+    prompt_token_ids: list[int]
+    request_id: str | None = None  # engine-facing id, where the driver knows it
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", "repetition"
+    error: str | None = None
+    chunks: int = 0
+    dropped: bool = False
+    first_output: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ended(self) -> bool:
+        return self.done.is_set()
+
+    def add_tokens(self, tokens: Sequence[int], text: str = "") -> None:
+        self.tokens.extend(tokens)
+        self.text += text
+        self.chunks += 1
+        self.first_output.set()
+
+    def finish(self, reason: str | None = None, error: str | None = None) -> None:
+        """End the stream; the first ending wins, later ones are ignored."""
+        if self.done.is_set():
+            return
+        self.finish_reason = reason
+        self.error = error
+        self.first_output.set()
+        self.done.set()
+
+    async def wait(self, timeout: float) -> StreamHandle:
+        """Until the stream ends; raises TimeoutError after `timeout` seconds."""
+        await asyncio.wait_for(self.done.wait(), timeout)
+        return self
+
+    async def wait_first(self, timeout: float) -> StreamHandle:
+        await asyncio.wait_for(self.first_output.wait(), timeout)
+        return self
+
+
+class FrontendDriver(abc.ABC):
+    """Start a frontend against an engine group and drive it like a client would."""
+
+    name: str = "driver"
+    capabilities: frozenset[Capability] = ALL_CAPABILITIES
+
+    def supports(self, *needed: Capability) -> bool:
+        return all(c in self.capabilities for c in needed)
+
+    @abc.abstractmethod
+    async def start(self, group: EngineGroup, timeout: float) -> None:
+        """Bind (or own the handshake), start the group's engines, wait until serving."""
+
+    @abc.abstractmethod
+    async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                       stream: bool = True, data_parallel_rank: int | None = None,
+                       stop: Sequence[str] | None = None) -> StreamHandle:
+        """Start one request; returns at once with a handle that fills as outputs arrive."""
+
+    @abc.abstractmethod
+    async def drop(self, handles: Sequence[StreamHandle]) -> None:
+        """The client goes away from these streams, all at once (no explicit abort)."""
+
+    @abc.abstractmethod
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        """Explicitly abort these ids (engine-facing ids, unknown ones included)."""
+
+    @abc.abstractmethod
+    async def is_sleeping(self) -> bool:
+        """The frontend's aggregated answer; raises FrontendError if it refuses one."""
+
+    @abc.abstractmethod
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        """The frontend's aggregated answer; raises FrontendError on failure."""
+
+    @abc.abstractmethod
+    async def observed_config(self) -> ObservedConfig:
+        """What the frontend derived from the ready responses."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the frontend and release everything it holds (bounded, idempotent)."""
+
+    def diagnostics(self) -> str:
+        """Logs worth attaching to a failing verdict (e.g. a subprocess's stderr tail)."""
+        return ""

@@ -1,0 +1,328 @@
+"""The reference frontend's protocol logic as a pure state machine (no sockets, no loop).
+
+It is correct by construction and deliberately explicit: each rule the conformance suites
+check is one small method (routing, ready aggregation, abort batching, utility
+aggregation, death handling), so a mutant frontend overrides exactly one of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.frontends.driver import FrontendError, ObservedConfig, StartupError, StreamHandle
+from harness.transport.sockets import engine_identity
+from harness.vocab import EOS_TOKEN_ID, detokenize
+from harness.wire import DEFAULT_CODEC, EngineDead, ProtocolError, WireCodec
+from harness.wire import messages as m
+
+MAX_ABORT_BATCH = 1024  # ids per drain pass, as vLLM's Rust client does
+Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
+
+
+class EngineDeadError(FrontendError):
+    """An engine reported ENGINE_CORE_DEAD, broke the protocol, or went away."""
+
+
+class InconsistentResults(FrontendError):
+    """Engines answered a consensus utility differently; the message names the values."""
+
+
+class UtilityFailed(FrontendError):
+    """An engine answered a utility call with a failure message."""
+
+
+@dataclass
+class EngineState:
+    rank: int
+    identity: bytes
+    ready: m.EngineCoreReadyResponse | None = None
+    registered: bool = False
+    inflight: int = 0
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    rank: int
+    handle: StreamHandle
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class PendingUtility:
+    """One fanned-out utility call: a call id per engine, results in engine order."""
+
+    method: str
+    call_ids: dict[int, int]  # call_id -> rank
+    results: dict[int, Any] = field(default_factory=dict)  # rank -> value
+    failures: dict[int, str] = field(default_factory=dict)  # rank -> failure message
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) + len(self.failures) == len(self.call_ids)
+
+    def missing_ranks(self) -> list[int]:
+        answered = set(self.results) | set(self.failures)
+        return sorted(r for r in self.call_ids.values() if r not in answered)
+
+
+class ReferenceFrontendCore:
+    """Frontend role for one client (client_index) over N engines (DP ranks)."""
+
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
+                 client_index: int = 0) -> None:
+        if not ranks:
+            raise ValueError("a frontend needs at least one engine")
+        self.codec = codec
+        self.client_index = client_index
+        self.engines = {r: EngineState(r, engine_identity(r)) for r in ranks}
+        self._by_identity = {e.identity: e for e in self.engines.values()}
+        self.config = ObservedConfig()
+        self.requests: dict[str, RequestState] = {}
+        self.utilities: dict[int, PendingUtility] = {}  # call_id -> call
+        self.dead: EngineDeadError | None = None
+        self._rotation = itertools.cycle(sorted(ranks))
+        self._next_id = itertools.count()
+        self._session = uuid.uuid4().hex[:8]
+        self._call_ids = itertools.count(1)
+        self._block_sizes: dict[int, int] = {}
+        self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
+
+    # ------------------------------------------------------------ registration
+
+    @property
+    def registered(self) -> bool:
+        return all(e.registered for e in self.engines.values())
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        """Apply one engine's ready frame; raises StartupError on anything unacceptable."""
+        engine = self._by_identity.get(bytes(identity))
+        if engine is None:
+            raise StartupError(f"ready frame from unexpected engine identity "
+                               f"{bytes(identity).hex()}")
+        if engine.registered:
+            raise StartupError(f"engine {engine.rank} registered twice")
+        try:
+            ready = self.codec.decode_ready(payload)
+        except ProtocolError as exc:
+            raise StartupError(f"engine {engine.rank} sent an invalid ready response: "
+                               f"{exc.detail}") from exc
+        engine.ready, engine.registered = ready, True
+        if ready is not None:
+            self.apply_ready(engine.rank, ready)
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        """max_model_len = min, num_gpu_blocks = sum, block_size synced and checked."""
+        cfg = self.config
+        cfg.max_model_len = (ready.max_model_len if cfg.max_model_len is None
+                             else min(cfg.max_model_len, ready.max_model_len))
+        cfg.num_gpu_blocks = (cfg.num_gpu_blocks or 0) + ready.num_gpu_blocks
+        self._block_sizes[rank] = ready.block_size
+        self.check_block_sizes()
+        cfg.block_size = ready.block_size
+
+    def check_block_sizes(self) -> None:
+        if len(set(self._block_sizes.values())) > 1:
+            raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
+
+    # ------------------------------------------------------------------ requests
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"engine core is dead: {self.dead}")
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+        """Register a request and return its handle and the ADD to send."""
+        self._check_alive()
+        if not self.registered:
+            raise FrontendError("frontend is not serving yet")
+        rank = self.route(data_parallel_rank)
+        rid = f"cw-{self._session}-{next(self._next_id)}"
+        handle = StreamHandle(list(prompt), request_id=rid)
+        self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()))
+        self.engines[rank].inflight += 1
+        params = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                  _eos_token_id=EOS_TOKEN_ID,
+                                  _all_stop_token_ids={EOS_TOKEN_ID})
+        request = m.EngineCoreRequest(
+            rid, list(prompt), None, params, None, time.time(), None, None,
+            data_parallel_rank, client_index=self.client_index, external_req_id=rid)
+        return handle, (self.engines[rank].identity, self.codec.encode_add(request))
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        """An explicit rank is honoured (and validated); otherwise the least-loaded engine."""
+        if data_parallel_rank is not None:
+            if data_parallel_rank not in self.engines:
+                raise FrontendError(f"data_parallel_rank {data_parallel_rank} is not one of "
+                                    f"this frontend's engines {sorted(self.engines)}")
+            return data_parallel_rank
+        start = next(self._rotation)
+        order = sorted(self.engines, key=lambda r: (self.engines[r].inflight,
+                                                    (r - start) % len(self.engines)))
+        return order[0]
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.pop(rid, None)
+        if state is not None:
+            self.engines[state.rank].inflight -= 1
+            state.handle.finish(reason, error)
+
+    # ------------------------------------------------------------------ outputs
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        """Apply one engine message; returns utility calls it completed."""
+        if self.dead is not None:
+            return []
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError as exc:
+            self.mark_dead(f"protocol error on the output socket: {exc}")
+            return []
+        if isinstance(message, EngineDead):
+            self.mark_dead("ENGINE_CORE_DEAD received")
+            return []
+        if message.utility_output is not None:
+            done = self.on_utility_output(message.engine_index, message.utility_output)
+            return [done] if done is not None else []
+        for output in message.outputs:
+            self.on_request_output(output)
+        return []
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        if state is None:
+            return  # unknown or already finished/aborted: ignored
+        handle = state.handle
+        if output.new_token_ids:
+            text = detokenize(output.new_token_ids)
+            handle.add_tokens(output.new_token_ids, text)
+            if state.stop and self.stop_hit(state):
+                return
+        if output.finish_reason is not None:
+            if output.finish_reason is m.FinishReason.ERROR:
+                detail = output.error.message if output.error else "request failed in engine"
+                self._finish(output.request_id, "error", detail)
+            else:
+                self._finish(output.request_id, str(output.finish_reason))
+
+    def stop_hit(self, state: RequestState) -> bool:
+        """Frontend-side stop strings: end the stream and queue an abort for the engine."""
+        handle = state.handle
+        for stop in state.stop:
+            pos = handle.text.find(stop)
+            if pos >= 0:
+                handle.text = handle.text[:pos]
+                self.pending_drops.append(state.request_id)
+                state.handle.finish("stop")
+                return True
+        return False
+
+    # ------------------------------------------------------------------ aborts
+
+    def queue_drop(self, request_ids: Iterable[str]) -> None:
+        """The client went away from these streams; the drain loop aborts them."""
+        for rid in request_ids:
+            state = self.requests.get(rid)
+            if state is not None and not state.handle.ended:
+                state.handle.dropped = True
+            self.pending_drops.append(rid)
+
+    def drain_drops(self) -> list[Send]:
+        """One drain pass: at most 1024 queued ids, grouped per engine, never empty."""
+        batch, self.pending_drops = (self.pending_drops[:MAX_ABORT_BATCH],
+                                     self.pending_drops[MAX_ABORT_BATCH:])
+        if self.dead is not None:
+            return []
+        per_engine: dict[int, list[str]] = {}
+        for rid in batch:
+            state = self.requests.get(rid)
+            if state is None:
+                continue  # finished, aborted or unknown: skipped
+            per_engine.setdefault(state.rank, []).append(rid)
+            self._finish(rid, state.handle.finish_reason or "abort")
+        return self.abort_frames(per_engine)
+
+    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+        """Explicit abort: live ids only, streams ended locally first, one frame per engine."""
+        self._check_alive()
+        per_engine: dict[int, list[str]] = {}
+        for rid in dict.fromkeys(request_ids):
+            state = self.requests.get(rid)
+            if state is None:
+                continue
+            per_engine.setdefault(state.rank, []).append(rid)
+            self._finish(rid, "abort")
+        return self.abort_frames(per_engine)
+
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        return [(self.engines[rank].identity, self.codec.encode_abort(ids))
+                for rank, ids in sorted(per_engine.items()) if ids]
+
+    # ------------------------------------------------------------------ utilities
+
+    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
+                                                                       list[Send]]:
+        """Fan a utility call out to every engine, each with its own call id."""
+        self._check_alive()
+        call = PendingUtility(method, {})
+        sends: list[Send] = []
+        for rank in sorted(self.engines):
+            call_id = next(self._call_ids)
+            call.call_ids[call_id] = rank
+            self.utilities[call_id] = call
+            sends.append((self.engines[rank].identity,
+                          self.codec.encode_utility(self.client_index, call_id, method, args)))
+        return call, sends
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        call = self.utilities.pop(out.call_id, None)
+        if call is None:
+            return None  # unknown or already-answered call id: dropped
+        rank = call.call_ids[out.call_id]
+        if out.failure_message is not None:
+            call.failures[rank] = out.failure_message
+        else:
+            call.results[rank] = out.result.value if out.result is not None else None
+        return call if call.complete else None
+
+    def forget_utility(self, call: PendingUtility) -> None:
+        for call_id in call.call_ids:
+            self.utilities.pop(call_id, None)
+
+    def utility_values(self, call: PendingUtility) -> list[Any]:
+        """Results in engine order, or UtilityFailed naming every failing engine."""
+        if call.failures:
+            detail = "; ".join(f"engine {r}: {msg}" for r, msg in sorted(call.failures.items()))
+            raise UtilityFailed(f"utility {call.method} failed: {detail}")
+        return [call.results[r] for r in sorted(call.results)]
+
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        """Consensus: every engine must agree, else an error that names the values."""
+        if len(set(values)) != 1 or not isinstance(values[0], bool):
+            raise InconsistentResults(f"is_sleeping returned inconsistent results across "
+                                      f"engines: {values}")
+        return values[0]
+
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        """AND over every engine's answer."""
+        return all(bool(v) for v in values)
+
+    # ------------------------------------------------------------------ death
+
+    def mark_dead(self, reason: str) -> None:
+        """Fail every open stream and pending utility call; later calls fail fast."""
+        if self.dead is not None:
+            return
+        self.dead = EngineDeadError(reason)
+        for rid in list(self.requests):
+            self._finish(rid, "error", f"engine dead: {reason}")
+        self.pending_drops.clear()
+

@@ -1,0 +1,79 @@
+"""`FrontendDriver` for the embedded reference frontend (in-process, the default)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from harness.frontends.driver import (
+    ALL_CAPABILITIES,
+    Capability,
+    FrontendDriver,
+    ObservedConfig,
+    StreamHandle,
+)
+from harness.frontends.reference.core import ReferenceFrontendCore
+from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
+from harness.transport.endpoints import PrivateIpcDir
+
+if TYPE_CHECKING:
+    from mock_engines.group import EngineGroup
+
+
+class ReferenceDriver(FrontendDriver):
+    """Drives `ReferenceFrontend`; `core_factory` swaps in a mutant core for self-tests."""
+
+    name = "reference"
+    capabilities: frozenset[Capability] = ALL_CAPABILITIES
+
+    def __init__(self, core_factory: CoreFactory = ReferenceFrontendCore,
+                 name: str | None = None) -> None:
+        self.core_factory = core_factory
+        if name is not None:
+            self.name = name
+        self.frontend: ReferenceFrontend | None = None
+        self._ipc: PrivateIpcDir | None = None
+
+    def _fe(self) -> ReferenceFrontend:
+        if self.frontend is None:
+            raise RuntimeError("reference driver is not started")
+        return self.frontend
+
+    async def start(self, group: EngineGroup, timeout: float) -> None:
+        self._ipc = PrivateIpcDir()
+        inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
+        self.frontend = ReferenceFrontend([e.rank for e in group.engines],
+                                          core_factory=self.core_factory)
+        self.frontend.bind(inputs, outputs)
+        group.start_bootstrapped([inputs], [outputs])
+        await self.frontend.wait_ready(timeout)
+
+    async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                       stream: bool = True, data_parallel_rank: int | None = None,
+                       stop: Sequence[str] | None = None) -> StreamHandle:
+        return await self._fe().generate(prompt_token_ids, max_tokens,
+                                         data_parallel_rank=data_parallel_rank, stop=stop)
+
+    async def drop(self, handles: Sequence[StreamHandle]) -> None:
+        self._fe().drop([h.request_id for h in handles if h.request_id is not None])
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self._fe().abort(request_ids)
+
+    async def is_sleeping(self) -> bool:
+        return await self._fe().is_sleeping()
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        return await self._fe().reset_prefix_cache(reset_running_requests, reset_connector)
+
+    async def observed_config(self) -> ObservedConfig:
+        cfg = self._fe().core.config
+        return ObservedConfig(cfg.max_model_len, cfg.block_size, cfg.num_gpu_blocks)
+
+    async def shutdown(self) -> None:
+        if self.frontend is not None:
+            await self.frontend.close()
+        if self._ipc is not None:
+            self._ipc.cleanup()
+            self._ipc = None

@@ -1,0 +1,192 @@
+"""The reference frontend's I/O: asyncio + pyzmq around `ReferenceFrontendCore`.
+
+Binds the input ROUTER and output PULL like vLLM's frontends, reads one ready frame per
+engine (bounded), then runs three tasks: the output reader, the abort drain loop (which
+coalesces dropped streams per engine), and a socket monitor that turns a lost engine
+connection into engine death instead of a silent hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
+from harness.timing import scaled
+from harness.transport.sockets import make_socket
+
+CoreFactory = Callable[[Sequence[int]], ReferenceFrontendCore]
+
+
+class ReferenceFrontend:
+    """One frontend client over N engines on real sockets."""
+
+    def __init__(self, ranks: Sequence[int], *,
+                 core_factory: CoreFactory = ReferenceFrontendCore,
+                 utility_timeout: float | None = None) -> None:
+        self.core = core_factory(list(ranks))
+        self.utility_timeout = scaled(10.0) if utility_timeout is None else utility_timeout
+        self._ctx = zmq.asyncio.Context()
+        self._router: zmq.asyncio.Socket | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiters: dict[int, asyncio.Future[PendingUtility]] = {}
+        self._drop_signal = asyncio.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------ startup
+
+    def bind(self, input_address: str, output_address: str) -> None:
+        self._router = make_socket(self._ctx, zmq.ROUTER)  # type: ignore[arg-type]
+        self._pull = make_socket(self._ctx, zmq.PULL)  # type: ignore[arg-type]
+        self._router.bind(input_address)
+        self._pull.bind(output_address)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Read one ready frame per engine; StartupError names the engines that never came."""
+        assert self._router is not None
+        deadline = time.monotonic() + timeout
+        while not self.core.registered:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [r for r, e in sorted(self.core.engines.items()) if not e.registered]
+                raise StartupError(f"engines {missing} did not register within {timeout:.1f}s")
+            if not await self._router.poll(remaining * 1000):
+                continue
+            frames = await self._router.recv_multipart()
+            if len(frames) != 2:
+                raise StartupError(f"ready message must be [identity, payload], got "
+                                   f"{len(frames)} frames")
+            self.core.on_ready(frames[0], frames[1])
+        self._tasks = [asyncio.create_task(self._read_outputs()),
+                       asyncio.create_task(self._drain_aborts()),
+                       asyncio.create_task(self._watch_disconnects())]
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt: Sequence[int], max_tokens: int, *,
+                       data_parallel_rank: int | None = None,
+                       stop: Sequence[str] | None = None) -> StreamHandle:
+        handle, send = self.core.add_request(prompt, max_tokens,
+                                             data_parallel_rank=data_parallel_rank, stop=stop)
+        await self._send([send])
+        return handle
+
+    def drop(self, request_ids: Sequence[str]) -> None:
+        self.core.queue_drop(request_ids)
+        self._drop_signal.set()
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self._send(self.core.abort(request_ids))
+
+    # ------------------------------------------------------------------ utilities
+
+    async def call_all(self, method: str, args: Sequence[Any]) -> list[Any]:
+        """Fan out, wait (bounded) for every engine, return results in engine order."""
+        call, sends = self.core.start_utility(method, args)
+        future: asyncio.Future[PendingUtility] = asyncio.get_running_loop().create_future()
+        key = id(call)
+        self._waiters[key] = future
+        try:
+            await self._send(sends)
+            try:
+                await asyncio.wait_for(asyncio.shield(future), self.utility_timeout)
+            except asyncio.TimeoutError:
+                raise FrontendError(f"utility {method}: no reply from engines "
+                                    f"{call.missing_ranks()} within "
+                                    f"{self.utility_timeout:.1f}s") from None
+        finally:
+            self._waiters.pop(key, None)
+            self.core.forget_utility(call)
+        return self.core.utility_values(call)
+
+    async def is_sleeping(self) -> bool:
+        return self.core.aggregate_is_sleeping(await self.call_all("is_sleeping", []))
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        values = await self.call_all("reset_prefix_cache",
+                                     [reset_running_requests, reset_connector])
+        return self.core.aggregate_reset_prefix_cache(values)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _send(self, sends: Sequence[tuple[bytes, list[bytes]]]) -> None:
+        assert self._router is not None
+        for identity, frames in sends:
+            await self._router.send_multipart([identity, *frames])
+
+    async def _read_outputs(self) -> None:
+        assert self._pull is not None
+        while True:
+            frames = await self._pull.recv_multipart()
+            for call in self.core.on_output(frames):
+                waiter = self._waiters.get(id(call))
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(call)
+            if self.core.pending_drops:
+                self._drop_signal.set()
+            if self.core.dead is not None:
+                self._fail_waiters(self.core.dead)
+
+    async def _drain_aborts(self) -> None:
+        while True:
+            await self._drop_signal.wait()
+            self._drop_signal.clear()
+            await asyncio.sleep(0)  # let a burst of drops land before the pass
+            await self._send(self.core.drain_drops())
+            if self.core.pending_drops:
+                self._drop_signal.set()
+
+    async def _watch_disconnects(self) -> None:
+        assert self._router is not None and self._pull is not None
+        monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                    for s in (self._router, self._pull)]
+        try:
+            poller = zmq.asyncio.Poller()
+            for mon in monitors:
+                poller.register(mon, zmq.POLLIN)
+            while True:
+                for sock, _ in await poller.poll():
+                    msg = parse_monitor_message(await sock.recv_multipart())
+                    if msg["event"] == zmq.EVENT_DISCONNECTED:
+                        self.core.mark_dead(f"engine connection lost "
+                                            f"({msg['endpoint']!r} disconnected)")
+                        self._fail_waiters(self.core.dead)
+        finally:
+            for sock in (self._router, self._pull):
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+            for mon in monitors:
+                mon.close(0)
+
+    def _fail_waiters(self, error: EngineDeadError | None) -> None:
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(error or EngineDeadError("engine dead"))
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Cancel tasks, close sockets, terminate the context; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_waiters(EngineDeadError("frontend closed"))
+        for sock in (self._router, self._pull):
+            if sock is not None:
+                sock.close(0)
+        self._ctx.term()
