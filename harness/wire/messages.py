@@ -362,10 +362,14 @@ class EngineZmqAddresses(msgspec.Struct):
 
 
 class EngineHandshakeMetadata(msgspec.Struct):
-    """INIT: launcher -> engine, the addresses to connect to."""
+    """INIT: launcher -> engine, the addresses to connect to.
+
+    Both fields are required, as in vLLM: an INIT without `parallel_config` fails a real
+    engine's decode, so it must fail ours too (launchers send `{}` when there is nothing).
+    """
 
     addresses: EngineZmqAddresses
-    parallel_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    parallel_config: dict[str, Any]
 
 
 class DPStatsUpdate(msgspec.Struct, array_like=True):

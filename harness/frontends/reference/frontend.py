@@ -33,7 +33,7 @@ class ReferenceFrontend:
                  core_factory: CoreFactory = ReferenceFrontendCore,
                  utility_timeout: float | None = None) -> None:
         self.core = core_factory(list(ranks))
-        self.utility_timeout = scaled(10.0) if utility_timeout is None else utility_timeout
+        self.utility_timeout = scaled(3.0) if utility_timeout is None else utility_timeout
         self._ctx = zmq.asyncio.Context()
         self._router: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None

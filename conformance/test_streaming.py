@@ -1,0 +1,166 @@
+"""Streaming outputs (protocol-python.md §6, seed PR #41627 for deferred requests).
+
+Tokens arrive in order across chunks, finish reasons map to their names, outputs for
+unknown ids are ignored, a stream ends exactly once, and a request the engine defers for
+a while neither blocks its neighbours nor is lost.
+"""
+
+from __future__ import annotations
+
+import time
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.script import Emit, EngineScript, Finish, Garbage, by_prompt, stream
+
+OUT = "protocol-python.md §6 (0.33.0)"
+GEN = [Capability.GENERATE]
+F = m.FinishReason
+
+
+async def _one(ctx: CaseContext, steps: list, max_tokens: int = 16):  # type: ignore[no-untyped-def,type-arg]
+    p = prompt(0)
+    group = await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+    handle = await ctx.driver.generate(p, max_tokens)
+    await handle.wait(ctx.t(3))
+    return group, handle
+
+
+@case("streaming.order.preserved", Level.MUST,
+      "Tokens delivered over several chunks reach the client complete and in order.",
+      source=OUT, needs=GEN)
+async def order_preserved(ctx: CaseContext) -> None:
+    steps = [Emit([100, 101]), Emit([102]), Emit([103, 104, 105]), Finish(F.LENGTH, [106])]
+    _g, h = await _one(ctx, steps, 7)
+    ctx.require(h.tokens == list(range(100, 107)), expected="tokens 100..106 in order",
+                observed=h.tokens)
+
+
+async def _finish_name(ctx: CaseContext, reason: m.FinishReason, name: str, **kw: object
+                       ) -> None:
+    _g, h = await _one(ctx, [Emit([100]), Finish(reason, [101], **kw)])  # type: ignore[arg-type]
+    ctx.require(h.finish_reason == name, expected=f"finish_reason {name!r}",
+                observed=f"{h.finish_reason!r} error={h.error}")
+
+
+@case("streaming.finish.length", Level.MUST, "FinishReason.LENGTH maps to 'length'.",
+      source=OUT, needs=GEN)
+async def finish_length(ctx: CaseContext) -> None:
+    await _finish_name(ctx, F.LENGTH, "length")
+
+
+@case("streaming.finish.stop", Level.MUST, "FinishReason.STOP maps to 'stop'.",
+      source=OUT, needs=GEN)
+async def finish_stop(ctx: CaseContext) -> None:
+    await _finish_name(ctx, F.STOP, "stop", stop_reason=101)
+
+
+@case("streaming.finish.abort", Level.MUST,
+      "An engine-side FinishReason.ABORT maps to 'abort'.", source=OUT, needs=GEN)
+async def finish_abort(ctx: CaseContext) -> None:
+    await _finish_name(ctx, F.ABORT, "abort")
+
+
+@case("streaming.finish.repetition", Level.SHOULD,
+      "FinishReason.REPETITION should map to 'repetition'.", source=OUT, needs=GEN)
+async def finish_repetition(ctx: CaseContext) -> None:
+    await _finish_name(ctx, F.REPETITION, "repetition", stop_reason="repetition_detected")
+
+
+@case("streaming.unknown_id.ignored", Level.MUST,
+      "Outputs for request ids the frontend does not know are ignored.", source=OUT,
+      needs=GEN)
+async def unknown_id(ctx: CaseContext) -> None:
+    from harness.wire import DEFAULT_CODEC
+
+    ghost = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+        0, [m.EngineCoreOutput("ghost-request", [555], finish_reason=F.LENGTH)], None, 1.0))
+    steps = [Garbage(ghost), Emit([100], 0.02), Finish(F.LENGTH, [101], 0.02)]
+    _g, h = await _one(ctx, steps, 2)
+    ctx.require(h.tokens == [100, 101] and h.finish_reason == "length",
+                expected="the real request completes with [100, 101]",
+                observed=f"{h.tokens} {h.finish_reason} error={h.error}")
+
+
+@case("streaming.end.exactly_once", Level.MUST,
+      "Outputs arriving after a request's final output do not change the ended stream.",
+      source=OUT, needs=GEN)
+async def end_once(ctx: CaseContext) -> None:
+    from harness.wire import DEFAULT_CODEC
+
+    p = prompt(0)
+    group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
+    h = await ctx.driver.generate(p, 2)
+    await h.wait(ctx.t(3))
+    rid = group.transcript.adds(0)[0].request_id
+    late = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+        0, [m.EngineCoreOutput(rid, [777], finish_reason=F.STOP)], None, 2.0))
+    group[0].send_garbage(late)
+    await ctx.quiet(0.2)
+    ctx.require(h.tokens == [100, 101] and h.finish_reason == "length",
+                expected="tokens [100, 101], finish length, unchanged",
+                observed=f"{h.tokens} {h.finish_reason}")
+    h2 = await ctx.driver.generate(prompt(1), 2)
+    await h2.wait(ctx.t(3))
+    ctx.require(h2.finish_reason == "length", expected="the frontend keeps serving",
+                observed=f"{h2.finish_reason} error={h2.error}")
+
+
+@case("streaming.empty_delta.tolerated", Level.MUST,
+      "An output with no new tokens (a step without progress) is harmless.", source=OUT,
+      needs=GEN)
+async def empty_delta(ctx: CaseContext) -> None:
+    _g, h = await _one(ctx, [Emit([100]), Emit([]), Emit([101]), Finish(F.LENGTH, [102])], 3)
+    ctx.require(h.tokens == [100, 101, 102] and h.finish_reason == "length",
+                expected="tokens [100, 101, 102]", observed=f"{h.tokens} {h.finish_reason}")
+
+
+@case("streaming.batched.two_requests", Level.MUST,
+      "One engine message carrying outputs of several requests feeds each stream.",
+      source=OUT, needs=GEN)
+async def batched(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[])])
+    handles = [await ctx.driver.generate(prompt(i), 5) for i in range(4)]
+    for h in handles:
+        await h.wait(ctx.t(3))
+    multi = [r for r in group.transcript.select(direction="out", channel="output")
+             if r.message is not None and len(r.message.outputs) > 1]
+    ctx.note(f"{len(multi)} engine messages carried several requests")
+    bad = [(h.tokens, h.finish_reason) for h in handles
+           if len(h.tokens) != 5 or h.finish_reason != "length"]
+    ctx.require(not bad, expected="every stream gets its 5 tokens", observed=bad)
+
+
+@case("streaming.deferred.no_head_of_line", Level.MUST,
+      "A request the engine defers (no output for a while) does not delay its neighbours "
+      "and completes once the engine resumes it.", source="PR #41627", needs=GEN)
+async def deferred(ctx: CaseContext) -> None:
+    p_slow, p_fast = prompt(0), prompt(1)
+    slow = [Emit([200], 1.0), Finish(F.LENGTH, [201], 0.05)]
+    fast = [Emit([100], 0.02), Emit([101], 0.02), Finish(F.LENGTH, [102], 0.02)]
+    await ctx.start([EngineScript(rules=[by_prompt(p_slow, slow), by_prompt(p_fast, fast)])])
+    began = time.monotonic()
+    h_slow = await ctx.driver.generate(p_slow, 2)
+    h_fast = await ctx.driver.generate(p_fast, 3)
+    await h_fast.wait(ctx.t(3))
+    fast_done = time.monotonic() - began
+    ctx.require(fast_done < 0.8 and not h_slow.first_output.is_set(),
+                expected="the neighbour completes (< 0.8 s) while the deferred one waits",
+                observed=f"neighbour done after {fast_done:.2f}s; deferred started: "
+                         f"{h_slow.first_output.is_set()}")
+    await h_slow.wait(ctx.t(4))
+    ctx.require(h_slow.tokens == [200, 201] and h_slow.finish_reason == "length",
+                expected="the deferred request completes with [200, 201]",
+                observed=f"{h_slow.tokens} {h_slow.finish_reason} error={h_slow.error}")
+
+
+@case("streaming.text.detokenized", Level.SHOULD,
+      "Streamed tokens should come with their text (' t100 t101' for the tiny fixture).",
+      source="fixtures/tiny-model", needs=GEN)
+async def text(ctx: CaseContext) -> None:
+    _g, h = await _one(ctx, stream([100, 101]), 2)
+    ctx.require(h.text.split() == ["t100", "t101"], expected="text ' t100 t101'",
+                observed=repr(h.text))

@@ -1,0 +1,182 @@
+"""What a conformance case holds while it runs, and how its outcome becomes a verdict.
+
+A case never touches sockets: it starts a scripted engine group behind the driver under
+test, drives the frontend, and states requirements with `ctx.require(...)`. `run_case`
+turns whatever happens (unmet requirement, frontend error, timeout, harness bug) into a
+graded `CaseResult` with evidence, and always tears everything down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.frontends.driver import (
+    Capability,
+    FrontendDriver,
+    FrontendError,
+    StartupError,
+    UnsupportedOperation,
+)
+from harness.timing import scaled
+from harness.transport.endpoints import PrivateIpcDir
+from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict, grade_unmet
+from mock_engines.group import EngineGroup
+from mock_engines.script import EngineScript
+
+EXCERPT_RECORDS = 40
+
+
+class CaseUnmet(Exception):
+    """A requirement of the case was not met by the frontend under test."""
+
+    def __init__(self, expected: str, observed: str) -> None:
+        super().__init__(f"expected {expected}; observed {observed}")
+        self.expected = expected
+        self.observed = observed
+
+
+class CaseUnsupported(Exception):
+    """The driver lacks a capability the case needs."""
+
+
+class CaseContext:
+    """Per-case handle: the driver, the engine group, timing and evidence."""
+
+    def __init__(self, spec: CaseSpec, driver: FrontendDriver) -> None:
+        self.spec = spec
+        self.driver = driver
+        self.group: EngineGroup | None = None
+        self.evidence = Evidence()
+        self._ipc = PrivateIpcDir()
+
+    def t(self, seconds: float) -> float:
+        """A wait bound, scaled by the global time-scale factor."""
+        return scaled(seconds)
+
+    def needs(self, *capabilities: Capability) -> None:
+        missing = [c.value for c in capabilities if not self.driver.supports(c)]
+        if missing:
+            raise CaseUnsupported(f"driver {self.driver.name!r} lacks {', '.join(missing)}")
+
+    async def start(self, scripts: Sequence[EngineScript] | int = 1, *,
+                    startup_timeout: float = 10.0) -> EngineGroup:
+        """Start the engines behind the frontend under test and wait until it serves."""
+        scripts = [EngineScript() for _ in range(scripts)] if isinstance(scripts, int) \
+            else list(scripts)
+        coordinator = self._ipc.address("dp-stats") if len(scripts) > 1 else None
+        self.group = EngineGroup(scripts, coordinator_address=coordinator)
+        await self.driver.start(self.group, self.t(startup_timeout))
+        return self.group
+
+    @property
+    def engines(self) -> EngineGroup:
+        if self.group is None:
+            raise RuntimeError("case has not started its engines")
+        return self.group
+
+    def require(self, condition: bool, *, expected: str, observed: Any) -> None:
+        """State a requirement; unmet ones are graded by the case's level."""
+        if not condition:
+            raise CaseUnmet(expected, observed if isinstance(observed, str) else repr(observed))
+
+    def note(self, text: str) -> None:
+        """Record an observation (shown with the verdict, for INFO cases especially)."""
+        self.evidence.notes.append(text)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float,
+                         interval: float = 0.005) -> bool:
+        """Poll a condition for at most `timeout` (scaled) seconds."""
+        deadline = time.monotonic() + self.t(timeout)
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(interval)
+        return True
+
+    async def quiet(self, seconds: float) -> None:
+        """Let a window pass (for 'nothing more arrives' checks), scaled."""
+        await asyncio.sleep(self.t(seconds))
+
+    async def close(self) -> list[str]:
+        """Shut the frontend and engines down; returns teardown problems (never raises)."""
+        problems: list[str] = []
+        try:
+            await asyncio.wait_for(self.driver.shutdown(), scaled(10))
+        except Exception as exc:  # reported, never lost
+            problems.append(f"driver shutdown: {type(exc).__name__}: {exc}")
+        if self.group is not None:
+            try:
+                await asyncio.to_thread(self.group.stop)
+            except Exception as exc:
+                problems.append(f"engine group stop: {exc}")
+            problems.extend(f"engine {rank} thread failed: {exc!r}"
+                            for rank, exc in self.group.failures())
+        self._ipc.cleanup()
+        return problems
+
+
+async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
+                   transcript_dir: str | None = None) -> CaseResult:
+    """Run one case against one driver and grade it."""
+    ctx = CaseContext(spec, driver)
+    start = time.monotonic()
+    verdict, message = Verdict.PASS, "requirement met"
+    try:
+        ctx.needs(*spec.needs)
+        await asyncio.wait_for(fn(ctx), scaled(spec.timeout))
+        if spec.level is Level.INFO:
+            verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
+    except CaseUnsupported as exc:
+        verdict, message = Verdict.UNSUPPORTED, str(exc)
+    except UnsupportedOperation as exc:
+        verdict, message = Verdict.UNSUPPORTED, f"driver cannot: {exc}"
+    except CaseUnmet as exc:
+        verdict = grade_unmet(spec.level)
+        ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
+        message = str(exc)
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        verdict = Verdict.TIMEOUT
+        message = f"no outcome within the case bound ({str(exc) or type(exc).__name__})"
+    except StartupError as exc:
+        verdict, message = grade_unmet(spec.level), f"frontend did not start: {exc}"
+        if verdict is Verdict.INFO:
+            ctx.note(message)
+    except FrontendError as exc:
+        verdict = grade_unmet(spec.level)
+        message = f"frontend call failed unexpectedly: {type(exc).__name__}: {exc}"
+        if verdict is Verdict.INFO:
+            ctx.note(message)
+    except Exception as exc:  # a harness or driver fault: ERROR, with the traceback
+        verdict = Verdict.ERROR
+        message = f"{type(exc).__name__}: {exc}"
+        ctx.note(traceback.format_exc(limit=6))
+    problems = await ctx.close()
+    for problem in problems:
+        ctx.note(f"teardown: {problem}")
+    diagnostics = driver.diagnostics()
+    if diagnostics and verdict is not Verdict.PASS:
+        ctx.note(f"frontend log tail:\n{diagnostics}")
+    result = CaseResult(spec.case_id, driver.name, spec.level.value, spec.source,
+                        spec.requirement, verdict, message, time.monotonic() - start,
+                        ctx.evidence)
+    if verdict is not Verdict.PASS and ctx.group is not None:
+        _attach_transcript(result, ctx.group, transcript_dir)
+    return result
+
+
+def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | None) -> None:
+    records = group.transcript.snapshot()
+    full = group.transcript.to_json(records)
+    result.evidence.transcript = full[-EXCERPT_RECORDS:]
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{result.case_id}[{result.frontend}].json")
+        with open(path, "w") as fh:
+            json.dump(full, fh, indent=1)
+        result.evidence.transcript_file = path

@@ -1,0 +1,41 @@
+"""Frontend specs on the command line -> drivers (imports are lazy: vllm is heavy)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from harness.frontends.driver import FrontendDriver
+
+REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
+
+
+def make_driver(spec: str) -> FrontendDriver:
+    """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-py`, `subprocess:CMD`,
+    `mutant:NAME`."""
+    if spec == "reference":
+        from harness.frontends.reference import ReferenceDriver
+
+        return ReferenceDriver()
+    if spec == "reference-subprocess":
+        from harness.frontends.subprocess_driver import SubprocessDriver
+
+        return SubprocessDriver(REFERENCE_SUBPROCESS, name=spec)
+    if spec.startswith("subprocess:"):
+        from harness.frontends.subprocess_driver import SubprocessDriver
+
+        return SubprocessDriver(shlex.split(spec.split(":", 1)[1]), name=spec)
+    if spec == "vllm-rs":
+        from harness.frontends.vllm_rs import VllmRsDriver
+
+        return VllmRsDriver()
+    if spec == "vllm-py":
+        from harness.frontends.vllm_py import VllmPyDriver
+
+        return VllmPyDriver()
+    if spec.startswith("mutant:"):
+        from harness.frontends.mutants import make_mutant_driver
+
+        return make_mutant_driver(spec.split(":", 1)[1])
+    raise ValueError(f"unknown frontend {spec!r}: use reference, reference-subprocess, "
+                     f"vllm-rs, vllm-py, subprocess:'CMD' or mutant:NAME")

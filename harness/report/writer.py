@@ -1,0 +1,47 @@
+"""Write results.json and report.html for one run (called on the xdist controller)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from typing import Any
+
+from harness.report.html import render_html
+from harness.verdicts import CaseResult
+
+
+def run_metadata() -> dict[str, Any]:
+    return {
+        "generated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "protocol_profile": "vllm-0.33",
+        "vllm_version": "0.33.0",
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def results_document(results: list[CaseResult]) -> dict[str, Any]:
+    ordered = sorted(results, key=lambda r: (r.case_id, r.frontend))
+    return {"meta": run_metadata(), "results": [r.to_json() for r in ordered]}
+
+
+def write_reports(results: list[CaseResult], report_dir: str) -> dict[str, str]:
+    """Write JSON and HTML; returns their paths."""
+    os.makedirs(report_dir, exist_ok=True)
+    doc = results_document(results)
+    json_path = os.path.join(report_dir, "results.json")
+    with open(json_path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    html_path = os.path.join(report_dir, "report.html")
+    with open(html_path, "w") as fh:
+        fh.write(render_html(doc))
+    return {"json": json_path, "html": html_path}
+
+
+def load_results(path: str) -> list[CaseResult]:
+    with open(path) as fh:
+        doc = json.load(fh)
+    return [CaseResult.from_json(r) for r in doc["results"]]
