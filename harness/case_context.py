@@ -72,6 +72,7 @@ class CaseContext:
         coordinator = self._ipc.address("dp-stats") if len(scripts) > 1 else None
         self.group = EngineGroup(scripts, coordinator_address=coordinator)
         await self.driver.start(self.group, self.t(startup_timeout))
+        self.needs(*self.spec.needs)  # drivers may learn their capabilities at start
         return self.group
 
     @property
@@ -128,7 +129,8 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
     try:
-        ctx.needs(*spec.needs)
+        if driver.capabilities:  # statically known; others are checked after start()
+            ctx.needs(*spec.needs)
         await asyncio.wait_for(fn(ctx), scaled(spec.timeout))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
@@ -74,6 +74,8 @@ class StreamHandle:
     dropped: bool = False
     first_output: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Called as observer(event, fields) on "output" and "finished" (driver programs relay it).
+    observer: Callable[[str, dict[str, Any]], None] | None = None
 
     @property
     def ended(self) -> bool:
@@ -84,6 +86,8 @@ class StreamHandle:
         self.text += text
         self.chunks += 1
         self.first_output.set()
+        if self.observer is not None:
+            self.observer("output", {"tokens": list(tokens), "text": text})
 
     def finish(self, reason: str | None = None, error: str | None = None) -> None:
         """End the stream; the first ending wins, later ones are ignored."""
@@ -93,6 +97,8 @@ class StreamHandle:
         self.error = error
         self.first_output.set()
         self.done.set()
+        if self.observer is not None:
+            self.observer("finished", {"finish_reason": reason, "error": error})
 
     async def wait(self, timeout: float) -> StreamHandle:
         """Until the stream ends; raises TimeoutError after `timeout` seconds."""

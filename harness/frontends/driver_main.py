@@ -1,0 +1,162 @@
+"""A driver program: the reference frontend behind the subprocess driver protocol.
+
+Run as `python -m harness.frontends.driver_main`. It proves the protocol end to end and is
+the template for ports: read commands from stdin, answer on stdout, log to stderr.
+
+COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
+`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHandle
+from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
+from harness.frontends.reference.frontend import ReferenceFrontend
+
+
+def log(text: str) -> None:
+    print(f"[driver_main] {text}", file=sys.stderr, flush=True)
+
+
+class DriverProgram:
+    def __init__(self) -> None:
+        self.frontend: ReferenceFrontend | None = None
+        self.streams: dict[str, StreamHandle] = {}
+        self.fault = os.environ.get("COREWIRE_DRIVER_FAULT", "")
+
+    def emit(self, message: dict[str, Any]) -> None:
+        sys.stdout.buffer.write(encode_line(message))
+        sys.stdout.buffer.flush()
+
+    def _injected(self, cmd: str) -> bool:
+        """Apply an injected fault for `cmd`; True if the command must not be answered."""
+        kind, _, target = self.fault.partition(":")
+        if target != cmd:
+            return False
+        if kind == "crash_on":
+            log(f"injected crash on {cmd}")
+            os._exit(3)
+        if kind == "hang_on":
+            log(f"injected hang on {cmd}")
+            return True
+        if kind == "garbage_on":
+            sys.stdout.buffer.write(b"\x00\xffnot json at all\n")
+            sys.stdout.buffer.flush()
+            return True
+        if kind == "stray_text_on":
+            print("some library printed this to stdout", flush=True)
+            return True
+        return False
+
+    async def handle(self, msg: dict[str, Any]) -> None:
+        cid, cmd = msg.get("id"), str(msg.get("cmd"))
+        if self._injected(cmd):
+            return
+        try:
+            value = await getattr(self, f"cmd_{cmd}")(msg)
+        except AttributeError:
+            self.emit({"id": cid, "ok": False, "unsupported": True,
+                       "error": f"unknown command {cmd!r}"})
+            return
+        except FrontendError as exc:
+            self.emit({"id": cid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        self.emit({"id": cid, "ok": True, **(value or {})})
+        if cmd == "shutdown":
+            raise SystemExit(0)
+
+    def fe(self) -> ReferenceFrontend:
+        if self.frontend is None:
+            raise FrontendError("not initialised")
+        return self.frontend
+
+    async def cmd_init(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg.get("protocol") != PROTOCOL:
+            raise FrontendError(f"unsupported protocol {msg.get('protocol')!r}")
+        workdir = str(msg["workdir"])
+        inputs, outputs = f"ipc://{workdir}/in.sock", f"ipc://{workdir}/out.sock"
+        self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]])
+        self.frontend.bind(inputs, outputs)
+        return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
+                "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}
+
+    async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:
+        await self.fe().wait_ready(float(msg.get("timeout_s", 10.0)))
+
+    async def cmd_generate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        handle = await self.fe().generate(msg["prompt"], int(msg["max_tokens"]),
+                                          data_parallel_rank=msg.get("data_parallel_rank"),
+                                          stop=msg.get("stop"))
+        sid = str(msg["stream"])
+        self.streams[sid] = handle
+        handle.observer = lambda event, fields: self.emit({"event": event, "stream": sid,
+                                                           **fields})
+        if handle.tokens or handle.ended:  # progress made before the observer was attached
+            self.emit({"event": "output", "stream": sid, "tokens": handle.tokens,
+                       "text": handle.text})
+            if handle.ended:
+                self.emit({"event": "finished", "stream": sid,
+                           "finish_reason": handle.finish_reason, "error": handle.error})
+        return {"request_id": handle.request_id}
+
+    async def cmd_drop(self, msg: dict[str, Any]) -> None:
+        self.fe().drop([self.streams[s].request_id or "" for s in msg["streams"]
+                        if s in self.streams])
+
+    async def cmd_abort(self, msg: dict[str, Any]) -> None:
+        await self.fe().abort(msg["request_ids"])
+
+    async def cmd_is_sleeping(self, _msg: dict[str, Any]) -> dict[str, Any]:
+        return {"value": await self.fe().is_sleeping()}
+
+    async def cmd_reset_prefix_cache(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"value": await self.fe().reset_prefix_cache(
+            bool(msg.get("reset_running_requests")), bool(msg.get("reset_connector")))}
+
+    async def cmd_observed_config(self, _msg: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.fe().core.config
+        return {"value": {"max_model_len": cfg.max_model_len, "block_size": cfg.block_size,
+                          "num_gpu_blocks": cfg.num_gpu_blocks}}
+
+    async def cmd_shutdown(self, _msg: dict[str, Any]) -> None:
+        if self.frontend is not None:
+            await self.frontend.close()
+
+
+async def main() -> int:
+    program = DriverProgram()
+    if program.fault == "exit_at_start":
+        log("injected exit at start")
+        return 4
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    pending: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                log("stdin closed; exiting")
+                return 0
+            message = decode_line(line)
+            if message.get("cmd") == "shutdown":
+                try:
+                    await program.handle(message)
+                except SystemExit:
+                    return 0
+                continue
+            task = asyncio.create_task(program.handle(message))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+    finally:
+        if program.frontend is not None:
+            await program.frontend.close()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
