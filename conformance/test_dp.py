@@ -187,6 +187,9 @@ async def never_answered(ctx: CaseContext) -> None:
         ctx.note(f"returned {result}")
     except FrontendError as exc:
         ctx.note(f"failed: {exc}")
+    except asyncio.TimeoutError:
+        ctx.require(False, expected="an error or a value within 15 s",
+                    observed="the call was still pending after 15 s (no bound)")
 
 
 @case("dp.utility.unsolicited_reply_ignored", Level.SHOULD,

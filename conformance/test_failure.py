@@ -108,7 +108,8 @@ async def dead_streams(ctx: CaseContext) -> None:
 
 
 @case("failure.engine_dead.pending_utility_fails", Level.MUST,
-      "ENGINE_CORE_DEAD makes a pending utility call fail promptly.", source=DEATH,
+      "ENGINE_CORE_DEAD makes a pending utility call fail promptly (within 1 s).",
+      source=DEATH,
       needs=[Capability.IS_SLEEPING, Capability.ENGINE_DEATH])
 async def dead_pending_utility(ctx: CaseContext) -> None:
     from mock_engines.script import UtilityReply
@@ -121,7 +122,9 @@ async def dead_pending_utility(ctx: CaseContext) -> None:
     try:
         result = await asyncio.wait_for(call, ctx.t(3))
     except FrontendError as exc:
-        ctx.note(f"failed after {time.monotonic() - began:.2f}s: {exc}")
+        elapsed = time.monotonic() - began
+        ctx.require(elapsed <= ctx.t(1.0), expected="the pending call fails within 1 s",
+                    observed=f"failed after {elapsed:.2f}s: {exc}")
         return
     ctx.require(False, expected="the pending call fails", observed=f"returned {result}")
 

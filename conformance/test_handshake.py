@@ -165,7 +165,7 @@ async def never_registers(ctx: CaseContext) -> None:
     scripts = [EngineScript(), EngineScript(register=False)]
     began = time.monotonic()
     try:
-        await ctx.start(scripts, startup_timeout=3)
+        await ctx.start(scripts, startup_timeout=1.5)
     except StartupError as exc:
         ctx.note(f"startup error after {time.monotonic() - began:.2f}s: {exc}")
         return

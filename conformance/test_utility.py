@@ -52,13 +52,13 @@ async def delayed_reply(ctx: CaseContext) -> None:
 
 
 @case("utility.concurrent.matched_by_call_id", Level.MUST,
-      "Concurrent utility calls get their own replies, matched by call id (replies arrive "
-      "out of order).", source=SPEC,
+      "Concurrent utility calls get their own replies, matched by call id (the older "
+      "call's reply arrives while the newer call is still pending).", source=SPEC,
       needs=[Capability.IS_SLEEPING, Capability.RESET_PREFIX_CACHE])
 async def concurrent(ctx: CaseContext) -> None:
     await ctx.start([EngineScript(utilities={
-        "is_sleeping": UtilityReply(True, delay=0.4),
-        "reset_prefix_cache": UtilityReply(False)})])
+        "is_sleeping": UtilityReply(True),
+        "reset_prefix_cache": UtilityReply(False, delay=0.4)})])
     sleeping, reset = await asyncio.gather(ctx.driver.is_sleeping(),
                                            ctx.driver.reset_prefix_cache())
     ctx.require(sleeping is True and reset is False,

@@ -5,8 +5,8 @@
 * The verdict class leads the outcome message: FAIL / ERROR / TIMEOUT fail the item,
   NON-STRICT / UNSUPPORTED / baselined verdicts skip it, PASS / INFO pass. Evidence goes to
   the captured output, hence to JUnit system-out.
-* Results travel as user_properties, so the xdist controller assembles reports/results.json
-  and the HTML report in a deterministic order.
+* Results travel as an attribute of the call report, which xdist ships to the controller,
+  so the controller assembles reports/results.json and the HTML report in a fixed order.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -79,7 +80,8 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
     items: list[pytest.Item] = []
     for frontend in _frontends(collector.config):
         item = pytest.Function.from_parent(collector, name=f"{spec.case_id}[{frontend}]",
-                                           callobj=obj, originalname=name)
+                                           callobj=obj,
+                                           originalname=f"{spec.case_id}[{frontend}]")
         item.add_marker(spec.area)
         item.add_marker(spec.level.value.lower())
         item.corewire_spec = spec  # type: ignore[attr-defined]
@@ -109,7 +111,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
                                   os.path.join(report_dir, "transcripts")))
     baseline: Baseline | None = config._corewire_baseline  # type: ignore[attr-defined]
     outcome = apply_baseline(result, baseline)
-    pyfuncitem.user_properties.append((PROPERTY, json.dumps(result.to_json())))
+    pyfuncitem.corewire_result = json.dumps(result.to_json())  # type: ignore[attr-defined]
     _print_evidence(result)
     if outcome.fail:
         pytest.fail(outcome.message, pytrace=False)
@@ -144,13 +146,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._corewire_results = _RESULTS  # type: ignore[attr-defined]
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """Attach the result to the call report; xdist ships report attributes to the
+    controller, and JUnit does not see them (xunit2 allows no testcase properties)."""
+    outcome = yield
+    result = getattr(item, "corewire_result", None)
+    if call.when == "call" and result is not None:
+        outcome.get_result().corewire_result = result  # type: ignore[attr-defined]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Runs on the xdist controller too: collect every case result exactly once."""
-    if report.when != "call":
-        return
-    for key, value in report.user_properties:
-        if key == PROPERTY:
-            _RESULTS.append(CaseResult.from_json(json.loads(value)))
+    value = getattr(report, PROPERTY, None)
+    if report.when == "call" and value is not None:
+        _RESULTS.append(CaseResult.from_json(json.loads(value)))
 
 
 def _is_worker(config: pytest.Config) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
@@ -27,8 +27,10 @@ class ReferenceDriver(FrontendDriver):
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
 
     def __init__(self, core_factory: CoreFactory = ReferenceFrontendCore,
-                 name: str | None = None) -> None:
+                 name: str | None = None, frontend_kwargs: dict[str, Any] | None = None
+                 ) -> None:
         self.core_factory = core_factory
+        self.frontend_kwargs = frontend_kwargs or {}
         if name is not None:
             self.name = name
         self.frontend: ReferenceFrontend | None = None
@@ -43,7 +45,8 @@ class ReferenceDriver(FrontendDriver):
         self._ipc = PrivateIpcDir()
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
-                                          core_factory=self.core_factory)
+                                          core_factory=self.core_factory,
+                                          **self.frontend_kwargs)
         self.frontend.bind(inputs, outputs)
         group.start_bootstrapped([inputs], [outputs])
         await self.frontend.wait_ready(timeout)

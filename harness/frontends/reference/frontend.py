@@ -31,9 +31,13 @@ class ReferenceFrontend:
 
     def __init__(self, ranks: Sequence[int], *,
                  core_factory: CoreFactory = ReferenceFrontendCore,
-                 utility_timeout: float | None = None) -> None:
+                 utility_timeout: float | None = None, fail_calls_on_death: bool = True,
+                 first_output_deadline: float | None = None) -> None:
         self.core = core_factory(list(ranks))
         self.utility_timeout = scaled(3.0) if utility_timeout is None else utility_timeout
+        # Both knobs exist for the mutant self-test; the defaults are the correct behaviour.
+        self.fail_calls_on_death = fail_calls_on_death
+        self.first_output_deadline = first_output_deadline
         self._ctx = zmq.asyncio.Context()
         self._router: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None
@@ -78,7 +82,15 @@ class ReferenceFrontend:
         handle, send = self.core.add_request(prompt, max_tokens,
                                              data_parallel_rank=data_parallel_rank, stop=stop)
         await self._send([send])
+        if self.first_output_deadline is not None:
+            asyncio.get_running_loop().call_later(
+                self.first_output_deadline, self._deadline_passed, handle)
         return handle
+
+    def _deadline_passed(self, handle: StreamHandle) -> None:
+        if not handle.first_output.is_set() and handle.request_id is not None:
+            self.core.abort([handle.request_id])
+            handle.finish("error", "no output within the first-output deadline")
 
     def drop(self, request_ids: Sequence[str]) -> None:
         self.core.queue_drop(request_ids)
@@ -160,7 +172,8 @@ class ReferenceFrontend:
                     if msg["event"] == zmq.EVENT_DISCONNECTED:
                         self.core.mark_dead(f"engine connection lost "
                                             f"({msg['endpoint']!r} disconnected)")
-                        self._fail_waiters(self.core.dead)
+                        if self.core.dead is not None:
+                            self._fail_waiters(self.core.dead)
         finally:
             for sock in (self._router, self._pull):
                 with contextlib.suppress(zmq.ZMQError):
@@ -168,10 +181,12 @@ class ReferenceFrontend:
             for mon in monitors:
                 mon.close(0)
 
-    def _fail_waiters(self, error: EngineDeadError | None) -> None:
+    def _fail_waiters(self, error: EngineDeadError) -> None:
+        if not self.fail_calls_on_death and not self._closed:
+            return
         for waiter in self._waiters.values():
             if not waiter.done():
-                waiter.set_exception(error or EngineDeadError("engine dead"))
+                waiter.set_exception(error)
 
     # ------------------------------------------------------------------ close
 

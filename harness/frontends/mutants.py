@@ -1,0 +1,413 @@
+"""Deliberately broken reference frontends: each violates exactly one rule.
+
+A conformance case that no broken frontend can fail proves nothing, so the self-test
+(tests/test_mutants.py) runs the suites against every mutant, asserts each one is caught,
+and reports the kill matrix. Each mutant overrides one method of the reference core.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.frontends.driver import StartupError, StreamHandle
+from harness.frontends.reference.core import (
+    PendingUtility,
+    ReferenceFrontendCore,
+    RequestState,
+    Send,
+)
+from harness.frontends.reference.driver import ReferenceDriver
+from harness.wire import messages as m
+
+
+class SleepingFirstEngine(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        return bool(values[0])
+
+
+class ResetPrefixCacheOr(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return any(bool(v) for v in values)
+
+
+class AbortWrongEngine(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        ranks = sorted(self.engines)
+        shifted = {ranks[(ranks.index(r) + 1) % len(ranks)]: ids for r, ids in per_engine.items()}
+        return super().abort_frames(shifted)
+
+
+class AbortOneFramePerId(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        return [(self.engines[r].identity, self.codec.encode_abort([rid]))
+                for r, ids in sorted(per_engine.items()) for rid in ids]
+
+
+class AbortFinishedIds(ReferenceFrontendCore):
+    """Remembers finished requests and still aborts them when their stream is dropped."""
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        if state is not None:
+            self.__dict__.setdefault("finished_owner", {})[rid] = state.rank
+        super()._finish(rid, reason, error)
+
+    def drain_drops(self) -> list[Send]:
+        owners: dict[str, int] = self.__dict__.get("finished_owner", {})
+        late = {rid: owners[rid] for rid in self.pending_drops
+                if rid not in self.requests and rid in owners}
+        sends = super().drain_drops()
+        per_engine: dict[int, list[str]] = {}
+        for rid, rank in late.items():
+            per_engine.setdefault(rank, []).append(rid)
+        return sends + super().abort_frames(per_engine)
+
+
+class EmptyAbortFrame(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        sends = super().abort_frames(per_engine)
+        return sends or [(self.engines[min(self.engines)].identity, self.codec.encode_abort([]))]
+
+
+class DuplicateAbort(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        sends = super().abort_frames(per_engine)
+        return sends + sends
+
+
+class BlockSizeIgnored(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.block_size = 16  # the frontend's own default, not the engine's
+
+
+class BlockSizeLastWins(ReferenceFrontendCore):
+    def check_block_sizes(self) -> None:
+        pass
+
+
+class MaxModelLenMax(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        previous = self.config.max_model_len
+        super().apply_ready(rank, ready)
+        self.config.max_model_len = max(previous or 0, ready.max_model_len)
+
+
+class GpuBlocksLastWins(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.num_gpu_blocks = ready.num_gpu_blocks
+
+
+class EngineDeadIgnored(ReferenceFrontendCore):
+    def mark_dead(self, reason: str) -> None:
+        pass
+
+
+class ErrorKillsAllStreams(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is m.FinishReason.ERROR:
+            for rid in list(self.requests):
+                self._finish(rid, "error", "request failed")
+            return
+        super().on_request_output(output)
+
+
+class UtilityFirstReplyWins(ReferenceFrontendCore):
+    """Pairs results by arrival instead of by call id: the first reply answers for all."""
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        call = self.utilities.get(out.call_id)
+        done = super().on_utility_output(engine_index, out)
+        if call is None or done is not None:
+            return done
+        value = out.result.value if out.result is not None else None
+        for rank in call.call_ids.values():
+            call.results.setdefault(rank, value)
+        self.forget_utility(call)
+        return call
+
+
+class ExplicitRankIgnored(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return super().route(None)
+
+
+class StopStringNotAborted(ReferenceFrontendCore):
+    def stop_hit(self, state: RequestState) -> bool:
+        hit = super().stop_hit(state)
+        if hit:
+            self.pending_drops.remove(state.request_id)
+            self.requests.pop(state.request_id, None)
+        return hit
+
+
+class StartupAcceptsAnything(ReferenceFrontendCore):
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        engine = self._by_identity.get(bytes(identity))
+        if engine is None:
+            return
+        engine.registered = True
+        try:
+            ready = self.codec.decode_ready(payload)
+        except Exception:
+            return
+        if ready is not None:
+            self.apply_ready(engine.rank, ready)
+
+
+class UnknownOutputFatal(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.request_id not in self.requests:
+            self.mark_dead(f"output for unknown request {output.request_id}")
+            return
+        super().on_request_output(output)
+
+
+class TokensReordered(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        output.new_token_ids.reverse()
+        super().on_request_output(output)
+
+
+class FinishReasonsConflated(ReferenceFrontendCore):
+    """Reports every non-error finish as 'length'."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is not None and output.finish_reason is not m.FinishReason.ERROR:
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class AllToFirstEngine(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return min(self.engines) if data_parallel_rank is None else data_parallel_rank
+
+
+class SleepingAlwaysFalse(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        super().aggregate_is_sleeping(values)
+        return False
+
+
+class SleepingAlwaysTrue(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        super().aggregate_is_sleeping(values)
+        return True
+
+
+class ResetAlwaysTrue(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return True
+
+
+class ResetAlwaysFalse(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return False
+
+
+class UtilityEngineZeroOnly(ReferenceFrontendCore):
+    """Sends utilities to the first engine only (what vLLM's offline SyncMPClient does)."""
+
+    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
+                                                                       list[Send]]:
+        call, sends = super().start_utility(method, args)
+        first = min(call.call_ids, key=lambda cid: call.call_ids[cid])
+        for cid in [c for c in call.call_ids if c != first]:
+            del call.call_ids[cid]
+            self.utilities.pop(cid, None)
+        return call, sends[:1]
+
+
+class UnsolicitedReplyFatal(ReferenceFrontendCore):
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        if out.call_id not in self.utilities:
+            self.mark_dead(f"reply to unknown utility call {out.call_id}")
+            return None
+        return super().on_utility_output(engine_index, out)
+
+
+class UtilityReplyToLatestCall(ReferenceFrontendCore):
+    """Hands every reply to the most recently started call of that engine."""
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        owner = self.utilities.get(out.call_id)
+        if owner is not None:
+            rank = owner.call_ids[out.call_id]
+            latest = max(cid for cid, call in self.utilities.items()
+                         if call.call_ids.get(cid) == rank)
+            out = m.UtilityOutput(latest, out.failure_message, out.result)
+        return super().on_utility_output(engine_index, out)
+
+
+class UtilityExtraArg(ReferenceFrontendCore):
+    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
+                                                                       list[Send]]:
+        return super().start_utility(method, [*args, self.client_index])
+
+
+class ErrorAfterTokensIsSuccess(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        if (state is not None and state.handle.tokens
+                and output.finish_reason is m.FinishReason.ERROR):
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class FirstOutputOnly(ReferenceFrontendCore):
+    """Reads only the first request output of each engine message."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        message = self.codec.decode_outputs(frames)
+        if isinstance(message, m.EngineCoreOutputs) and len(message.outputs) > 1:
+            message.outputs = message.outputs[:1]
+            frames = self.codec.encode_outputs(message)
+        return super().on_output(frames)
+
+
+class EmptyDeltaFinishes(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if not output.new_token_ids and output.finish_reason is None:
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class LengthReportedAsStop(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is m.FinishReason.LENGTH:
+            output.finish_reason = m.FinishReason.STOP
+        super().on_request_output(output)
+
+
+class NoText(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        super().on_request_output(output)
+        if state is not None:
+            state.handle.text = ""
+
+
+class EngineOneUnreachable(ReferenceFrontendCore):
+    """Maps every engine's requests to the first engine's identity."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+        handle, (_identity, frames) = super().add_request(
+            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop)
+        return handle, (self.engines[min(self.engines)].identity, frames)
+
+
+class ServesWithMissingEngines(ReferenceFrontendCore):
+    @property
+    def registered(self) -> bool:
+        return any(e.registered for e in self.engines.values())
+
+
+class ReadyForbidsUnknownKeys(ReferenceFrontendCore):
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        import msgspec
+
+        known = set(m.EngineCoreReadyResponse.__struct_fields__)
+        try:
+            keys = set(msgspec.msgpack.decode(payload)) if payload else set()
+        except Exception:
+            keys = set()
+        if keys - known:
+            raise StartupError(f"unknown ready keys {sorted(keys - known)}")
+        super().on_ready(identity, payload)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: str  # the one rule it breaks
+    core: Callable[[Sequence[int]], ReferenceFrontendCore]
+    frontend_kwargs: dict[str, Any] | None = None
+
+
+MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
+    Mutant("sleeping_first_engine", "is_sleeping taken from the first engine only",
+           SleepingFirstEngine),
+    Mutant("reset_or", "reset_prefix_cache ORed instead of ANDed", ResetPrefixCacheOr),
+    Mutant("abort_wrong_engine", "ABORT sent to the wrong engine", AbortWrongEngine),
+    Mutant("abort_one_frame_per_id", "one ABORT frame per id (no coalescing)",
+           AbortOneFramePerId),
+    Mutant("abort_finished_ids", "finished ids aborted on drop", AbortFinishedIds),
+    Mutant("empty_abort_frame", "an empty ABORT frame when nothing is live",
+           EmptyAbortFrame),
+    Mutant("duplicate_abort", "every ABORT frame sent twice", DuplicateAbort),
+    Mutant("block_size_ignored", "block_size from the ready response ignored",
+           BlockSizeIgnored),
+    Mutant("block_size_last_wins", "disagreeing block_size not detected (last wins)",
+           BlockSizeLastWins),
+    Mutant("max_model_len_max", "max_model_len = max instead of min", MaxModelLenMax),
+    Mutant("gpu_blocks_last_wins", "num_gpu_blocks last-wins instead of summed",
+           GpuBlocksLastWins),
+    Mutant("engine_dead_ignored", "ENGINE_CORE_DEAD (and lost engines) ignored",
+           EngineDeadIgnored),
+    Mutant("error_kills_all", "a per-request ERROR ends every stream", ErrorKillsAllStreams),
+    Mutant("utility_first_reply_wins", "utility results paired by arrival, not call id",
+           UtilityFirstReplyWins),
+    Mutant("utility_unbounded", "no bound on a missing utility reply", ReferenceFrontendCore,
+           {"utility_timeout": math.inf}),
+    Mutant("explicit_rank_ignored", "data_parallel_rank not honoured", ExplicitRankIgnored),
+    Mutant("stop_string_not_aborted", "stop-string match not aborted at the engine",
+           StopStringNotAborted),
+    Mutant("startup_accepts_anything", "malformed ready frames accepted",
+           StartupAcceptsAnything),
+    Mutant("unknown_output_fatal", "an output for an unknown id kills the client",
+           UnknownOutputFatal),
+    Mutant("tokens_reordered", "tokens within a chunk reordered", TokensReordered),
+    Mutant("finish_reasons_conflated", "every finish reported as length",
+           FinishReasonsConflated),
+    Mutant("all_to_first_engine", "no load balancing: everything to engine 0",
+           AllToFirstEngine),
+    Mutant("sleeping_always_false", "is_sleeping always false", SleepingAlwaysFalse),
+    Mutant("sleeping_always_true", "is_sleeping always true", SleepingAlwaysTrue),
+    Mutant("reset_always_true", "reset_prefix_cache always true", ResetAlwaysTrue),
+    Mutant("reset_always_false", "reset_prefix_cache always false", ResetAlwaysFalse),
+    Mutant("utility_engine_zero_only", "utilities sent to the first engine only",
+           UtilityEngineZeroOnly),
+    Mutant("unsolicited_reply_fatal", "a reply with an unknown call id kills the client",
+           UnsolicitedReplyFatal),
+    Mutant("utility_reply_to_latest_call", "replies handed to the newest call",
+           UtilityReplyToLatestCall),
+    Mutant("utility_extra_arg", "utility args carry an extra element", UtilityExtraArg),
+    Mutant("utility_timeout_too_short", "utility calls time out after 0.2 s",
+           ReferenceFrontendCore, {"utility_timeout": 0.2}),
+    Mutant("dead_leaves_calls_pending", "engine death does not fail pending utility calls",
+           ReferenceFrontendCore, {"fail_calls_on_death": False}),
+    Mutant("first_output_deadline", "requests fail without output within 0.5 s",
+           ReferenceFrontendCore, {"first_output_deadline": 0.5}),
+    Mutant("error_after_tokens_is_success", "ERROR after some tokens reported as length",
+           ErrorAfterTokensIsSuccess),
+    Mutant("first_output_only", "only the first output of a batched message is read",
+           FirstOutputOnly),
+    Mutant("empty_delta_finishes", "an output without tokens ends the stream",
+           EmptyDeltaFinishes),
+    Mutant("length_reported_as_stop", "LENGTH reported as stop", LengthReportedAsStop),
+    Mutant("no_text", "no detokenized text", NoText),
+    Mutant("engine_one_unreachable", "every request sent to the first engine's identity",
+           EngineOneUnreachable),
+    Mutant("serves_with_missing_engines", "serves before every engine registered",
+           ServesWithMissingEngines),
+    Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
+           ReadyForbidsUnknownKeys),
+]}
+
+
+def make_mutant_driver(name: str) -> ReferenceDriver:
+    try:
+        mutant = MUTANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}") from None
+    return ReferenceDriver(mutant.core, name=f"mutant:{name}",
+                           frontend_kwargs=mutant.frontend_kwargs)
