@@ -58,9 +58,9 @@ async def finish_stop(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.STOP, "stop", stop_reason=101)
 
 
-@case("streaming.finish.abort", Level.MUST,
+@case("streaming.finish.engine_cancelled", Level.MUST,
       "An engine-side FinishReason.ABORT maps to 'abort'.", source=OUT, needs=GEN)
-async def finish_abort(ctx: CaseContext) -> None:
+async def finish_engine_cancelled(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.ABORT, "abort")
 
 

@@ -114,6 +114,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     pyfuncitem.corewire_result = json.dumps(result.to_json())  # type: ignore[attr-defined]
     _print_evidence(result)
     if outcome.fail:
+        pyfuncitem.corewire_failure = outcome.message  # type: ignore[attr-defined]
         pytest.fail(outcome.message, pytrace=False)
     if outcome.skip:
         pytest.skip(outcome.message)
@@ -154,7 +155,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     outcome = yield
     result = getattr(item, "corewire_result", None)
     if call.when == "call" and result is not None:
-        outcome.get_result().corewire_result = result  # type: ignore[attr-defined]
+        report = outcome.get_result()
+        report.corewire_result = result
+        failure = getattr(item, "corewire_failure", None)
+        if failure is not None:
+            # A plain-text longrepr makes the verdict class lead the JUnit failure message.
+            report.longrepr = failure
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

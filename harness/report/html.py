@@ -27,6 +27,8 @@ SCRIPT = """
 function show(id){var d=document.getElementById(id);d.classList.toggle('open');
  if(d.classList.contains('open')){d.scrollIntoView();}}
 function hex(id){document.getElementById(id).classList.toggle('showhex');}
+window.addEventListener('DOMContentLoaded',function(){var h=location.hash.slice(1);
+ if(h){var d=document.getElementById(h);if(d){d.classList.add('open');d.scrollIntoView();}}});
 """
 
 
