@@ -145,6 +145,8 @@ async def main() -> int:
                 return 0
             message = decode_line(line)
             if message.get("cmd") == "shutdown":
+                if pending:  # answer what is in flight first (bounded)
+                    await asyncio.wait(pending, timeout=5.0)
                 try:
                     await program.handle(message)
                 except SystemExit:

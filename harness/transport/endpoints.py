@@ -15,9 +15,12 @@ class PrivateIpcDir:
     Paths stay short (unix socket paths are limited to ~107 bytes).
     """
 
+    live: set[str] = set()  # every directory not yet cleaned up (for leak checks)
+
     def __init__(self, prefix: str = "cw-") -> None:
         self.path = tempfile.mkdtemp(prefix=prefix)
         os.chmod(self.path, 0o700)
+        PrivateIpcDir.live.add(self.path)
 
     def path_for(self, name: str) -> str:
         """A fresh filesystem path inside the directory (for raw unix listeners too)."""
@@ -28,6 +31,7 @@ class PrivateIpcDir:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        PrivateIpcDir.live.discard(self.path)
 
     def __enter__(self) -> PrivateIpcDir:
         return self

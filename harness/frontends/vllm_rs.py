@@ -1,0 +1,583 @@
+"""`FrontendDriver` for vLLM 0.33.0's Rust frontend (`vllm-rs frontend`), driven over HTTP.
+
+We play vLLM's Python supervisor (`vllm/v1/utils.py` RustFrontendProcessManager): bind the HTTP
+TCP listener and the two raw AF_UNIX listeners the engines connect to, hand their fds to the
+binary, then start the mock engines against the listener paths. Everything the harness observes
+goes through the frontend's own HTTP surface, exactly as a client sees it:
+
+* `POST /v1/completions` (token-id prompt, `stream: true`, `return_token_ids: true`): SSE chunks
+  carry `choices[0].token_ids`, `text` and a final `finish_reason`; an engine-side request error
+  arrives as a `data: {"error": {...}}` event.
+* header `X-data-parallel-rank: r` pins a request to engine r (a body field is ignored).
+* header `X-Request-Id: X` names the request `cmpl-X` (the "external" id); the engine-facing id
+  is `cmpl-X-<8 hex>`, so explicit aborts map engine ids back to external ids.
+* `POST /abort_requests {"request_ids": [external ids]}` aborts; an EMPTY list aborts every
+  request the frontend tracks, so the driver never sends one.
+* `GET /is_sleeping`, `POST /reset_prefix_cache?reset_running_requests=..&reset_external=..`
+  (dev routes, VLLM_SERVER_DEV_MODE=1).
+* `GET /v1/models` reports `max_model_len`; block_size and num_gpu_blocks are exposed nowhere
+  (not in /metrics, /server_info or /v1/models), so those capabilities are not declared.
+
+The HTTP client is a small hand-written asyncio HTTP/1.1 client (one connection per request,
+`Connection: close`, chunked or sized bodies): no dependency, and a dropped stream is simply
+its socket being closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from harness.frontends.driver import (
+    Capability,
+    FrontendDriver,
+    FrontendError,
+    ObservedConfig,
+    StartupError,
+    StreamHandle,
+)
+from harness.timing import scaled
+from harness.transport.endpoints import PrivateIpcDir
+from harness.vllm_dist import tiny_model_dir, vllm_rs_binary
+from harness.vocab import SPECIAL
+
+if TYPE_CHECKING:
+    from mock_engines.group import EngineGroup
+
+STARTUP_LOG_LINES = 40
+DIAGNOSTIC_LOG_LINES = 60
+TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+HTTP_TIMEOUT = 60.0  # per non-streaming call, before scaling: longer than any case bound, so a
+# frontend that hangs shows up as the case's TIMEOUT rather than as a driver-made error
+MAX_HEADER_BYTES = 64 * 1024
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ENGINE_ID = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
+_TOKEN_WORD = re.compile(r"^t(\d+)$")
+_WORD_IDS = {text: tid for tid, text in SPECIAL.items()}
+
+_LIVE: set[subprocess.Popen[bytes]] = set()  # processes to kill if the interpreter exits early
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Last resort (e.g. an interrupted session): never leave a vllm-rs process behind."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            proc.wait(TERM_GRACE)
+
+
+@functools.lru_cache(maxsize=1)
+def _binary() -> Path:
+    """Resolving (and maybe fetching) the binary is expensive: once per session."""
+    return vllm_rs_binary()
+
+
+@functools.lru_cache(maxsize=1)
+def _model_dir() -> str:
+    return str(tiny_model_dir())
+
+
+def _unix_listener(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _tcp_listener() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4096)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _token_ids_from_text(text: str) -> list[int]:
+    """Fallback when a chunk carries no token ids: the fixture vocabulary maps "tN" <-> N."""
+    ids: list[int] = []
+    for word in text.split():
+        match = _TOKEN_WORD.match(word)
+        if match:
+            ids.append(int(match.group(1)))
+        elif word in _WORD_IDS:
+            ids.append(_WORD_IDS[word])
+    return ids
+
+
+# ---------------------------------------------------------------------- HTTP/1.1 client
+
+
+class HttpError(FrontendError):
+    """A non-2xx answer from the frontend (status and body kept for the verdict)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class _Response:
+    status: int
+    headers: dict[str, str]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.headers.get("transfer-encoding", "").lower()
+
+    async def body_parts(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: de-chunked, or sized, or until EOF."""
+        if self.chunked:
+            while True:
+                line = await self.reader.readline()
+                if not line:
+                    raise ConnectionError("connection closed inside a chunked body")
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    await self.reader.readline()  # the (empty) trailer section
+                    return
+                data = await self.reader.readexactly(size + 2)
+                yield data[:-2]
+        elif "content-length" in self.headers:
+            remaining = int(self.headers["content-length"])
+            while remaining > 0:
+                data = await self.reader.read(min(remaining, 65536))
+                if not data:
+                    raise ConnectionError("connection closed inside a sized body")
+                remaining -= len(data)
+                yield data
+        else:
+            while data := await self.reader.read(65536):
+                yield data
+
+    async def read_body(self) -> bytes:
+        return b"".join([part async for part in self.body_parts()])
+
+    def close(self) -> None:
+        """Close at once (no flush, no await): for drops this is the client going away."""
+        self.writer.transport.abort()
+
+
+async def _open(port: int, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None) -> _Response:
+    """Send one request on a fresh connection and read the status line and headers."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    try:
+        payload = b"" if body is None else json.dumps(body).encode()
+        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
+                 "Connection: close", "Accept: */*", f"Content-Length: {len(payload)}"]
+        if body is not None:
+            lines.append("Content-Type: application/json")
+        lines.extend(f"{k}: {v}" for k, v in (headers or {}).items())
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > MAX_HEADER_BYTES:
+            raise ConnectionError("response header too large")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+            raise ConnectionError(f"bad status line {status_line!r}")
+        parsed: dict[str, str] = {}
+        for line in header_lines:
+            if ":" in line:
+                key, value = line.split(":", 1)
+                parsed[key.strip().lower()] = value.strip()
+        return _Response(int(parts[1]), parsed, reader, writer)
+    except BaseException:
+        writer.transport.abort()
+        raise
+
+
+# ---------------------------------------------------------------------- the driver
+
+
+@dataclass
+class _Stream:
+    """One streaming completion: its handle, its connection and the task reading it."""
+
+    handle: StreamHandle
+    external_id: str
+    response: _Response | None = None
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+
+class VllmRsDriver(FrontendDriver):
+    """Runs `vllm-rs frontend` against the engine group and drives it over HTTP."""
+
+    name = "vllm-rs"
+    capabilities: frozenset[Capability] = frozenset({
+        Capability.GENERATE,
+        Capability.DROP,  # closing the HTTP stream is the client going away
+        Capability.ABORT,  # POST /abort_requests (external ids; see abort())
+        Capability.IS_SLEEPING,
+        Capability.RESET_PREFIX_CACHE,
+        Capability.DP_RANK,  # X-data-parallel-rank header
+        Capability.STOP_STRINGS,
+        Capability.MAX_MODEL_LEN,  # /v1/models
+        Capability.REQUEST_ERRORS,  # SSE error event
+        Capability.ENGINE_DEATH,  # surfaces as stream errors / HTTP errors
+        # Not BLOCK_SIZE / NUM_GPU_BLOCKS: no HTTP route exposes them.
+    })
+
+    def __init__(self, extra_args: dict[str, Any] | None = None) -> None:
+        self.extra_args = dict(extra_args or {})
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: str | None = None
+        self._saved_log = ""  # the log tail, kept past shutdown (diagnostics come after it)
+        self._ipc: PrivateIpcDir | None = None
+        self._listeners: list[socket.socket] = []
+        self._streams: dict[int, _Stream] = {}  # id(handle) -> stream
+        self._external: set[str] = set()  # external ids this driver issued
+        self._tag = uuid.uuid4().hex[:8]
+        self._seq = itertools.count()
+
+    # ------------------------------------------------------------------ process
+
+    def command(self, in_fd: int, out_fd: int, http_fd: int, group: EngineGroup,
+                ready_timeout: int) -> list[str]:
+        """The exact command line (also what the report quotes)."""
+        ranks = [e.rank for e in group.engines]
+        start = min(ranks)
+        args = {"model_tag": _model_dir(), "engine_ready_timeout_secs": ready_timeout,
+                "http_timeout_keep_alive": 5, **self.extra_args}
+        cmd = [str(_binary()), "frontend", "--listen-fd", str(http_fd),
+               "--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd),
+               "--engine-start-index", str(start), "--engine-count", str(len(ranks)),
+               "--data-parallel-size", str(start + len(ranks))]
+        if group.stats_address is not None:
+            cmd += ["--coordinator-address", group.stats_address]
+        return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
+
+    async def start(self, group: EngineGroup, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        self._ipc = PrivateIpcDir(prefix="cw-rs-")
+        in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")
+        inp, out, http = _unix_listener(in_path), _unix_listener(out_path), _tcp_listener()
+        self._listeners = [inp, out, http]
+        self.port = http.getsockname()[1]
+        fds = [inp.fileno(), out.fileno(), http.fileno()]
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        # Let the binary's own registration timeout fire just before ours, so its reason
+        # ("engine input registration timed out after Ns") is in the log we attach.
+        ready_timeout = max(1, math.floor(timeout - 0.5))
+        cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout)
+        self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
+        env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
+               "NO_COLOR": "1"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, env=env)
+        _LIVE.add(self.proc)
+        # Like vLLM's supervisor, drop our copies once the child holds them: if the frontend
+        # dies, engines and HTTP clients then get "connection refused" instead of parking in
+        # a backlog nobody accepts from.
+        self._close_listeners()
+        group.start_bootstrapped(["ipc://" + in_path], ["ipc://" + out_path])
+        await self._wait_serving(deadline)
+
+    def _close_listeners(self) -> None:
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
+
+    async def _wait_serving(self, deadline: float) -> None:
+        """Until GET /v1/models answers 200; the process exiting or the bound passing fails."""
+        last = "no answer"
+        while True:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise StartupError(f"vllm-rs exited with {code} before serving:\n"
+                                   f"{self._log_tail(STARTUP_LOG_LINES)}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StartupError(f"vllm-rs did not serve /v1/models within the bound "
+                                   f"({last}):\n{self._log_tail(STARTUP_LOG_LINES)}")
+            try:
+                status, body = await asyncio.wait_for(self._call("GET", "/v1/models"),
+                                                      min(remaining, 0.5))
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            except (asyncio.TimeoutError, OSError, ConnectionError,
+                    asyncio.IncompleteReadError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.05)
+
+    def _log_tail(self, lines: int) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, "rb") as fh:
+                tail = deque(fh, maxlen=lines)
+        except OSError:
+            return ""
+        return _ANSI.sub("", b"".join(tail).decode("utf-8", "replace")).rstrip()
+
+    def diagnostics(self) -> str:
+        return self._log_tail(DIAGNOSTIC_LOG_LINES) if self.log_path else self._saved_log
+
+    # ------------------------------------------------------------------ HTTP calls
+
+    def _port(self) -> int:
+        if self.port is None:
+            raise RuntimeError("vllm-rs driver is not started")
+        return self.port
+
+    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        """One non-streaming request: (status, body)."""
+        resp = await _open(self._port(), method, path, body)
+        try:
+            return resp.status, await resp.read_body()
+        finally:
+            resp.close()
+
+    async def _json(self, method: str, path: str, body: Any = None) -> Any:
+        """A call whose 200 answer is JSON; anything else is the frontend refusing."""
+        try:
+            status, raw = await asyncio.wait_for(self._call(method, path, body),
+                                                 scaled(HTTP_TIMEOUT))
+        except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            raise FrontendError(f"{method} {path}: connection failed: {exc}") from exc
+        text = raw.decode("utf-8", "replace")
+        if status != 200:
+            raise HttpError(status, text)
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError as exc:
+            raise FrontendError(f"{method} {path}: not JSON: {text[:200]!r}") from exc
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                       stream: bool = True, data_parallel_rank: int | None = None,
+                       stop: Sequence[str] | None = None) -> StreamHandle:
+        handle = StreamHandle(list(prompt_token_ids))
+        request_tag = f"cw{self._tag}-{next(self._seq)}"
+        external = f"cmpl-{request_tag}"
+        self._external.add(external)
+        body: dict[str, Any] = {"model": _model_dir(), "prompt": list(prompt_token_ids),
+                                "max_tokens": max_tokens, "stream": stream, "temperature": 0,
+                                "return_token_ids": True}
+        if stop:
+            body["stop"] = list(stop)
+        headers = {"X-Request-Id": request_tag}
+        if data_parallel_rank is not None:
+            headers["X-data-parallel-rank"] = str(data_parallel_rank)
+        entry = _Stream(handle, external)
+        self._streams[id(handle)] = entry
+        try:
+            # Sent before returning, so requests reach the frontend in call order.
+            entry.response = await _open(self._port(), "POST", "/v1/completions", body, headers)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            handle.finish("error", f"connection to vllm-rs failed: {exc}")
+            return handle
+        entry.task = asyncio.ensure_future(self._read_stream(entry, stream))
+        return handle
+
+    async def _read_stream(self, entry: _Stream, stream: bool) -> None:
+        """Fill the handle from the SSE events (or the one JSON body when not streaming)."""
+        handle, resp = entry.handle, entry.response
+        assert resp is not None
+        try:
+            if resp.status != 200:
+                text = (await resp.read_body()).decode("utf-8", "replace")
+                handle.finish("error", f"HTTP {resp.status}: {text[:500]}")
+                return
+            if not stream:
+                self._apply(entry, json.loads(await resp.read_body()))
+            else:
+                buf = b""
+                async for part in resp.body_parts():
+                    buf += part
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        self._sse_line(entry, line.rstrip(b"\r"))
+                        if handle.ended:
+                            return
+            if not handle.ended:
+                handle.finish("error", "stream ended without a final chunk")
+        except asyncio.CancelledError:
+            raise
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+            if not entry.closed:
+                handle.finish("error", f"stream broke before its final chunk: "
+                                       f"{type(exc).__name__}: {exc}")
+        finally:
+            if not entry.closed:
+                entry.closed = True
+                resp.close()
+
+    def _sse_line(self, entry: _Stream, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return  # blank separators, comments, keep-alives
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            if not entry.handle.ended:
+                entry.handle.finish("error", "[DONE] without a finish_reason")
+            return
+        self._apply(entry, json.loads(data))
+
+    def _apply(self, entry: _Stream, event: Any) -> None:
+        """One completion chunk (or a whole non-streamed completion) into the handle."""
+        handle = entry.handle
+        if not isinstance(event, dict):
+            handle.finish("error", f"unexpected event {event!r:.200}")
+            return
+        if "error" in event:
+            err = event["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            handle.finish("error", str(message))
+            return
+        if isinstance(event.get("id"), str):
+            self._external.add(event["id"])
+        for choice in event.get("choices") or []:
+            text = choice.get("text") or ""
+            ids = choice.get("token_ids")
+            tokens = list(ids) if isinstance(ids, list) else _token_ids_from_text(text)
+            if tokens or text:
+                handle.add_tokens(tokens, text)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                handle.finish(str(reason))
+
+    async def drop(self, handles: Sequence[StreamHandle]) -> None:
+        """Close every connection first (no awaits in between), then tidy up."""
+        entries = [e for h in handles if (e := self._streams.get(id(h))) is not None]
+        for entry in entries:
+            if entry.response is not None and not entry.closed:
+                entry.closed = True
+                entry.response.close()
+        for entry in entries:
+            if not entry.handle.ended:
+                entry.handle.dropped = True
+                entry.handle.finish("abort")
+            if entry.task is not None:
+                entry.task.cancel()
+        await asyncio.sleep(0)
+
+    def _external_id(self, request_id: str) -> str:
+        """Engine-facing `cmpl-X-<8 hex>` -> the external `cmpl-X` that /abort_requests takes.
+
+        Ids that are not ours pass through unchanged, so the frontend's own handling of
+        unknown ids is what gets graded.
+        """
+        if request_id in self._external:
+            return request_id
+        match = _ENGINE_ID.match(request_id)
+        if match and match.group("external") in self._external:
+            return match.group("external")
+        return request_id
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(self._external_id(r) for r in request_ids))
+        if not ids:
+            return  # an empty list would abort EVERY request the frontend tracks
+        await self._json("POST", "/abort_requests", {"request_ids": ids})
+
+    # ------------------------------------------------------------------ utilities
+
+    async def is_sleeping(self) -> bool:
+        answer = await self._json("GET", "/is_sleeping")
+        value = answer.get("is_sleeping") if isinstance(answer, dict) else None
+        if not isinstance(value, bool):
+            raise FrontendError(f"/is_sleeping: unexpected answer {answer!r}")
+        return value
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        """`reset_connector` is the route's `reset_external` query parameter."""
+        query = {k: "true" for k, v in (("reset_running_requests", reset_running_requests),
+                                         ("reset_external", reset_connector)) if v}
+        path = "/reset_prefix_cache" + (f"?{urlencode(query)}" if query else "")
+        answer = await self._json("POST", path)
+        value = answer.get("success") if isinstance(answer, dict) else None
+        if not isinstance(value, bool):
+            raise FrontendError(f"/reset_prefix_cache: unexpected answer {answer!r}")
+        return value
+
+    async def observed_config(self) -> ObservedConfig:
+        answer = await self._json("GET", "/v1/models")
+        models = answer.get("data") if isinstance(answer, dict) else None
+        lens = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
+        max_len = next((v for v in lens if isinstance(v, int)), None)
+        return ObservedConfig(max_model_len=max_len)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def shutdown(self) -> None:
+        """Close client connections, SIGTERM, bounded wait, SIGKILL, release everything."""
+        entries = list(self._streams.values())
+        self._streams.clear()
+        for entry in entries:
+            if entry.response is not None and not entry.closed:
+                entry.closed = True
+                entry.response.close()
+            if entry.task is not None:
+                entry.task.cancel()
+        tasks = [e.task for e in entries if e.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for entry in entries:
+            entry.handle.finish("error", "driver shut down")
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            await _terminate(proc)
+            _LIVE.discard(proc)
+        self._close_listeners()
+        if self._ipc is not None:
+            self._saved_log = self._log_tail(DIAGNOSTIC_LOG_LINES)
+            self._ipc.cleanup()
+            self._ipc = None
+            self.log_path = None
+        self.port = None
+
+
+async def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, wait up to TERM_GRACE, SIGKILL, reap: never leaves the process behind."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.to_thread(proc.wait, TERM_GRACE)
+
+
+__all__ = ["VllmRsDriver"]

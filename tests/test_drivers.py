@@ -1,0 +1,102 @@
+"""Driver-level tests: the smoke scenario through the in-process and subprocess drivers,
+and every way a foreign driver program can misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.case_context import CaseContext, run_case
+from harness.casekit import hold, prompt, request_for
+from harness.frontends.driver import FrontendDriver
+from harness.frontends.reference import ReferenceDriver
+from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
+from harness.frontends.subprocess_driver import SubprocessDriver
+from harness.leaks import leaks_since, snapshot
+from harness.verdicts import CaseSpec, Level, Verdict
+from mock_engines.script import EngineScript, UtilityReply, any_request, by_prompt
+
+SPEC = CaseSpec("streaming.smoke.scenario", Level.MUST, "smoke", "tests")
+
+
+async def smoke(ctx: CaseContext) -> None:
+    """Register, stream to completion, is_sleeping, reset_prefix_cache, drop -> ABORT."""
+    held = prompt(7)
+    scripts = [EngineScript(rules=[by_prompt(held, hold())],
+                            utilities={"reset_prefix_cache": UtilityReply(v)})
+               for v in (True, False)]
+    group = await ctx.start(scripts)
+    handle = await ctx.driver.generate(prompt(1), 4)
+    await handle.wait(ctx.t(5))
+    ctx.require(handle.tokens == [100, 101, 102, 103] and handle.finish_reason == "length",
+                expected="4 tokens then length", observed=(handle.tokens, handle.finish_reason))
+    ctx.require(await ctx.driver.is_sleeping() is False, expected="false", observed="true")
+    ctx.require(await ctx.driver.reset_prefix_cache() is False, expected="AND = false",
+                observed="true")
+    live = await ctx.driver.generate(held, 50)
+    await live.wait_first(ctx.t(5))
+    await ctx.driver.drop([live])
+    found = request_for(group, held)
+    assert found is not None
+    ok = await ctx.wait_until(lambda: group.transcript.aborted_ids(found[0]) == [found[1]], 3)
+    ctx.require(ok, expected=f"ABORT [{found[1]}] at engine {found[0]}",
+                observed=group.transcript.aborted_ids())
+
+
+@pytest.mark.parametrize("spec", ["reference", "reference-subprocess"])
+def test_smoke_scenario(spec: str) -> None:
+    result = asyncio.run(run_case(SPEC, smoke, make_driver(spec)))
+    assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
+
+
+def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
+    return SubprocessDriver(REFERENCE_SUBPROCESS, name=f"faulty:{fault}",
+                            command_timeout=timeout, env={"COREWIRE_DRIVER_FAULT": fault})
+
+
+@pytest.mark.parametrize(("fault", "verdict", "evidence"), [
+    ("exit_at_start", Verdict.ERROR, "injected exit at start"),
+    ("crash_on:generate", Verdict.ERROR, "injected crash on generate"),
+    ("crash_on:is_sleeping", Verdict.ERROR, "injected crash on is_sleeping"),
+    ("hang_on:is_sleeping", Verdict.TIMEOUT, "injected hang on is_sleeping"),
+    ("garbage_on:reset_prefix_cache", Verdict.ERROR, "broke the protocol"),
+    ("stray_text_on:generate", Verdict.ERROR, "broke the protocol"),
+])
+def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict,
+                                                 evidence: str) -> None:
+    before = snapshot()
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5)))
+    assert result.verdict is verdict, result.message
+    text = result.message + "\n".join(result.evidence.notes)
+    assert evidence in text, text
+    assert leaks_since(before) == []
+
+
+def test_session_continues_after_a_driver_fault() -> None:
+    bad = asyncio.run(run_case(SPEC, smoke, _faulty("crash_on:generate")))
+    good = asyncio.run(run_case(SPEC, smoke, ReferenceDriver()))
+    assert (bad.verdict, good.verdict) == (Verdict.ERROR, Verdict.PASS)
+
+
+def test_driver_main_speaks_the_documented_protocol() -> None:
+    """A raw exchange with the driver program, exactly as docs/driver-protocol.md shows."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            REFERENCE_SUBPROCESS, cwd=None, capture_output=True, text=True, timeout=30,
+            input="\n".join(json.dumps(m) for m in [
+                {"id": 1, "cmd": "init", "protocol": "corewire-driver/1", "workdir": tmp,
+                 "engines": [{"rank": 0}], "dp_size": 1, "stats_address": None,
+                 "timescale": 1.0},
+                {"id": 2, "cmd": "frobnicate"},
+                {"id": 3, "cmd": "shutdown"}]) + "\n")
+    replies = {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert replies[1]["ok"] and replies[1]["inputs"] and replies[1]["capabilities"]
+    assert replies[2] == {"id": 2, "ok": False, "unsupported": True,
+                          "error": "unknown command 'frobnicate'"}
+    assert replies[3] == {"id": 3, "ok": True}
+    assert proc.returncode == 0
