@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test venv venv-vllm chromium lint clean
+.PHONY: conformance test compliance mutants venv venv-vllm chromium lint clean
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -48,6 +48,17 @@ test: $(VLLM_STAMP) chromium
 	  --frontend reference --frontend reference-subprocess \
 	  --frontend vllm-rs --frontend vllm-py \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/test
+
+# Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
+compliance: $(VLLM_STAMP)
+	-$(BIN)/corewire run --frontend reference --frontend vllm-rs --frontend vllm-py \
+	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/compliance
+	$(BIN)/corewire compliance reports/compliance/results.json \
+	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md
+
+# The mutant kill matrix on its own (it also runs inside make test).
+mutants: $(CORE_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests/test_mutants.py -v
 
 lint: $(CORE_STAMP)
 	$(BIN)/ruff check harness mock_engines conformance tests scripts benchmarks

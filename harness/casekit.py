@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import Emit, Step, StepFactory
-from harness.wire import messages as m
 
 
 def prompt(i: int) -> list[int]:

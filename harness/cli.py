@@ -3,6 +3,7 @@
     corewire run [--frontend F ...] [-k EXPR] [-n N] [--baseline FILE] [-- PYTEST ARGS]
     corewire diff OLD.json NEW.json
     corewire report RESULTS.json [--out report.html]
+    corewire compliance RESULTS.json [--baseline FILE] [--out docs/compliance.md]
 
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
@@ -69,6 +70,25 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compliance(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.baseline import Baseline
+    from harness.report.compliance import render_compliance
+
+    with open(args.results) as fh:
+        doc = json.load(fh)
+    baseline = Baseline.load(args.baseline) if args.baseline else None
+    text = render_compliance(doc, baseline)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+        print(args.out)
+    else:
+        print(text, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -95,11 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="re-render the HTML report from results.json")
     rep.add_argument("results")
     rep.add_argument("--out")
+    comp = sub.add_parser("compliance", help="render docs/compliance.md from results.json")
+    comp.add_argument("results")
+    comp.add_argument("--baseline")
+    comp.add_argument("--out")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args, extra)
     if args.command == "diff":
         return _diff(args)
+    if args.command == "compliance":
+        return _compliance(args)
     return _report(args)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -147,20 +147,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._corewire_results = _RESULTS  # type: ignore[attr-defined]
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Iterator[None]:
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Attach the result to the call report; xdist ships report attributes to the
     controller, and JUnit does not see them (xunit2 allows no testcase properties)."""
-    outcome = yield
+    report = yield
     result = getattr(item, "corewire_result", None)
     if call.when == "call" and result is not None:
-        report = outcome.get_result()
-        report.corewire_result = result
+        report.corewire_result = result  # type: ignore[attr-defined]
         failure = getattr(item, "corewire_failure", None)
         if failure is not None:
             # A plain-text longrepr makes the verdict class lead the JUnit failure message.
             report.longrepr = failure
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

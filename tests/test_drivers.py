@@ -15,7 +15,7 @@ from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
 from harness.frontends.subprocess_driver import SubprocessDriver
 from harness.leaks import leaks_since, snapshot
 from harness.verdicts import CaseSpec, Level, Verdict
-from mock_engines.script import EngineScript, UtilityReply, any_request, by_prompt
+from mock_engines.script import EngineScript, UtilityReply, by_prompt
 
 SPEC = CaseSpec("streaming.smoke.scenario", Level.MUST, "smoke", "tests")
 

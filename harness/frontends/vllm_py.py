@@ -4,15 +4,17 @@
 public API those routes call and lets vLLM's own client code speak the wire protocol:
 
 * Startup: `AsyncLLM(vllm_config, executor_class=None, log_stats=False,
-  client_addresses={"input_address", "output_address"[, "stats_update_address"]})` binds the
-  ROUTER/PULL pair (no handshake socket), and its constructor blocks until every engine identity
-  has sent its ready frame, applying each one to the config (max_model_len = min,
-  num_gpu_blocks = sum, block_size = last). DP=1 gives `AsyncMPClient`, DP>1 `DPLBAsyncMPClient`
-  (which subscribes to the mock coordinator's XPUB). The constructor runs on the event loop, as in
-  `vllm serve`, so the output tasks start eagerly; its blocking ready wait is bounded by the
-  startup timeout through vLLM's own knob (VLLM_ENGINE_READY_TIMEOUT_S, read once at import by
-  `core_client`, hence set on that module for the duration of the constructor). Then, like
-  `vllm serve`, `reset_mm_cache()` and `get_supported_tasks()` are called once.
+  client_addresses={"input_address", "output_address", "input_listener", "output_listener"
+  [, "stats_update_address"]})`: the ROUTER/PULL pair adopts AF_UNIX listeners we bound first
+  (what `vllm serve --api-server-count N` hands its API servers), so the engines connect at once;
+  no handshake socket is involved. The constructor blocks until every engine identity has sent
+  its ready frame, applying each to the config (max_model_len = min, num_gpu_blocks = sum,
+  block_size = last). DP=1 gives `AsyncMPClient`, DP>1 `DPLBAsyncMPClient` (which subscribes to
+  the mock coordinator's XPUB). The constructor runs on the event loop, as in `vllm serve`, so
+  the output tasks start eagerly; its blocking ready wait is bounded by the startup timeout
+  through vLLM's own knob (VLLM_ENGINE_READY_TIMEOUT_S, read once at import by `core_client`,
+  hence set on that module for the duration of the constructor). Then, like `vllm serve`,
+  `reset_mm_cache()` and `get_supported_tasks()` are called once.
 * `generate()`: `AsyncLLM.generate(TokensPrompt rendered by llm.renderer, SamplingParams(DELTA),
   request_id, data_parallel_rank=...)` consumed by a task that fills the `StreamHandle`.
   AsyncLLM appends `-<8 hex>` to the id on the wire; `handle.request_id` is the id we passed.
@@ -260,7 +262,7 @@ class VllmPyDriver(FrontendDriver):
             knob.VLLM_ENGINE_READY_TIMEOUT_S = saved
         # The half-built client closed its sockets; collecting it now terminates its ZMQ
         # context (and io threads) instead of leaving that to a later GC pass.
-        pass
+        gc.collect(1)  # young generations suffice (~1 ms; a full pass costs ~0.3 s)
         raise StartupError(failure)
 
     async def shutdown(self) -> None:

@@ -66,10 +66,10 @@ def render_html(doc: dict[str, Any]) -> str:
         level = next(iter(row.values()))["level"]
         out.append(f"<tr><td>{_esc(case_id)}</td><td>{_esc(level)}</td>")
         for fe in frontends:
-            r = row.get(fe)
-            if r is None:
+            if fe not in row:
                 out.append("<td></td>")
                 continue
+            r = row[fe]
             did = _detail_id(case_id, fe)
             mark = "*" if r.get("baseline") else ""
             out.append(f"<td class='v' data-verdict='{_esc(r['verdict'])}' "

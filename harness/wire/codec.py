@@ -22,6 +22,7 @@ from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 Frame = bytes | bytearray | memoryview
 Frames = Sequence[Frame]
 T = TypeVar("T")
+_Dec = msgspec.msgpack.Decoder
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,16 @@ class WireCodec:
         self._local = threading.local()
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         hooks: dict[str, Any] = {"dec_hook": self._dec_hook, "ext_hook": self._ext_hook}
-        self._dec_request = msgspec.msgpack.Decoder(profile.request_type, **hooks)
-        self._dec_outputs = msgspec.msgpack.Decoder(profile.outputs_type, **hooks)
-        self._dec_ready = msgspec.msgpack.Decoder(profile.ready_type, **hooks)
-        self._dec_abort = msgspec.msgpack.Decoder(list[str], **hooks)
-        self._dec_utility = msgspec.msgpack.Decoder(m.UtilityRequest, **hooks)
-        self._dec_wave = msgspec.msgpack.Decoder(m.StartDPWave, **hooks)
-        self._dec_ready_hs = msgspec.msgpack.Decoder(m.HandshakeReady, **hooks)
-        self._dec_init = msgspec.msgpack.Decoder(m.EngineHandshakeMetadata, **hooks)
-        self._dec_stats = msgspec.msgpack.Decoder(m.DPStatsUpdate, **hooks)
+        self._dec_request: _Dec[m.EngineCoreRequest] = _Dec(profile.request_type, **hooks)
+        self._dec_outputs: _Dec[m.EngineCoreOutputs] = _Dec(profile.outputs_type, **hooks)
+        self._dec_ready: _Dec[m.EngineCoreReadyResponse] = _Dec(profile.ready_type, **hooks)
+        self._dec_abort: _Dec[list[str]] = _Dec(list[str], **hooks)
+        self._dec_utility: _Dec[m.UtilityRequest] = _Dec(m.UtilityRequest, **hooks)
+        self._dec_wave: _Dec[m.StartDPWave] = _Dec(m.StartDPWave, **hooks)
+        self._dec_ready_hs: _Dec[m.HandshakeReady] = _Dec(m.HandshakeReady, **hooks)
+        self._dec_init: _Dec[m.EngineHandshakeMetadata] = _Dec(m.EngineHandshakeMetadata,
+                                                             **hooks)
+        self._dec_stats: _Dec[m.DPStatsUpdate] = _Dec(m.DPStatsUpdate, **hooks)
 
     # ------------------------------------------------------------------ hooks
 
@@ -109,7 +111,8 @@ class WireCodec:
     # ------------------------------------------------------------------ helpers
 
     def _encode(self, obj: Any) -> list[bytes]:
-        self._local.aux = aux = []
+        aux: list[bytes] = []
+        self._local.aux = aux
         try:
             main = self._encoder.encode(obj)
         finally:
@@ -120,7 +123,8 @@ class WireCodec:
                 all_frames: Frames | None = None) -> T:
         self._local.frames = frames
         try:
-            return decoder.decode(frames[0])
+            result: T = decoder.decode(frames[0])
+            return result
         except ProtocolError:
             raise
         except Exception as exc:  # msgspec.DecodeError, ValidationError, hook errors

@@ -18,7 +18,8 @@ class ProtocolError(Exception):
     """
 
     def __init__(
-        self, kind: str, detail: str, frames: Sequence[bytes | memoryview] = ()
+        self, kind: str, detail: str,
+        frames: Sequence[bytes | bytearray | memoryview] = ()
     ) -> None:
         self.kind = kind
         self.detail = detail

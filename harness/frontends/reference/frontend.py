@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -49,10 +49,11 @@ class ReferenceFrontend:
     # ------------------------------------------------------------------ startup
 
     def bind(self, input_address: str, output_address: str) -> None:
-        self._router = make_socket(self._ctx, zmq.ROUTER)  # type: ignore[arg-type]
-        self._pull = make_socket(self._ctx, zmq.PULL)  # type: ignore[arg-type]
-        self._router.bind(input_address)
-        self._pull.bind(output_address)
+        ctx = cast("zmq.Context[zmq.Socket[bytes]]", self._ctx)
+        self._router = router = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
+        self._pull = pull = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.PULL))
+        router.bind(input_address)
+        pull.bind(output_address)
 
     async def wait_ready(self, timeout: float) -> None:
         """Read one ready frame per engine; StartupError names the engines that never came."""
