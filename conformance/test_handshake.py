@@ -7,6 +7,7 @@ promptly instead of hanging.
 
 from __future__ import annotations
 
+import re
 import time
 
 import msgspec
@@ -159,7 +160,7 @@ async def unknown_keys(ctx: CaseContext) -> None:
 
 
 @case("handshake.register.never_registers", Level.MUST,
-      "An engine that never registers makes startup fail with a bounded error naming it.",
+      "An engine that never registers makes startup fail with a bounded error.",
       source=CLIENT, timeout=20)
 async def never_registers(ctx: CaseContext) -> None:
     scripts = [EngineScript(), EngineScript(register=False)]
@@ -171,6 +172,20 @@ async def never_registers(ctx: CaseContext) -> None:
         return
     ctx.require(False, expected="startup error (engine 1 never registered)",
                 observed="the frontend started")
+
+
+@case("handshake.register.never_registers_named", Level.SHOULD,
+      "The startup error for an engine that never registers should name that engine.",
+      source=CLIENT, timeout=20)
+async def never_registers_named(ctx: CaseContext) -> None:
+    try:
+        await ctx.start([EngineScript(), EngineScript(register=False)], startup_timeout=1.5)
+    except StartupError as exc:
+        text = str(exc)
+        named = re.search(r"(engine|rank|dp)\D{0,20}\b1\b", text, re.I) or "0100" in text
+        ctx.require(bool(named), expected="an error naming engine 1", observed=text)
+        return
+    ctx.require(False, expected="startup error naming engine 1", observed="it started")
 
 
 @case("handshake.ready.empty_payload", Level.INFO,

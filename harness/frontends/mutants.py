@@ -325,6 +325,11 @@ class ReadyForbidsUnknownKeys(ReferenceFrontendCore):
         super().on_ready(identity, payload)
 
 
+class StartupErrorUnnamed(ReferenceFrontendCore):
+    def registration_timeout(self, timeout: float) -> StartupError:
+        return StartupError("timed out waiting for engines to start")
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -399,6 +404,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            EngineOneUnreachable),
     Mutant("serves_with_missing_engines", "serves before every engine registered",
            ServesWithMissingEngines),
+    Mutant("startup_error_unnamed", "startup timeout error does not name the engine",
+           StartupErrorUnnamed),
     Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
            ReadyForbidsUnknownKeys),
 ]}

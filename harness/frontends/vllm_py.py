@@ -327,12 +327,14 @@ class VllmPyDriver(FrontendDriver):
             finished.set()
 
         # A plain daemon thread: a stuck term() must not block the loop's executor shutdown.
-        threading.Thread(target=term, name="vllm-py-zmq-term", daemon=True).start()
+        thread = threading.Thread(target=term, name="vllm-py-zmq-term", daemon=True)
+        thread.start()
         deadline = time.monotonic() + scaled(TEARDOWN_TIMEOUT)
         while not finished.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         if not finished.is_set():
             return "vLLM's ZMQ context did not terminate (a socket is still open)"
+        thread.join(1.0)  # it has finished its work; reap it so no thread outlives shutdown
         if leftovers:
             return f"closed {len(leftovers)} socket(s) vLLM left open"
         return None

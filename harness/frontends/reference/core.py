@@ -99,6 +99,11 @@ class ReferenceFrontendCore:
     def registered(self) -> bool:
         return all(e.registered for e in self.engines.values())
 
+    def registration_timeout(self, timeout: float) -> StartupError:
+        """The error for engines that never registered; it names them."""
+        missing = [r for r, e in sorted(self.engines.items()) if not e.registered]
+        return StartupError(f"engines {missing} did not register within {timeout:.1f}s")
+
     def on_ready(self, identity: bytes, payload: bytes) -> None:
         """Apply one engine's ready frame; raises StartupError on anything unacceptable."""
         engine = self._by_identity.get(bytes(identity))

@@ -62,8 +62,7 @@ class ReferenceFrontend:
         while not self.core.registered:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [r for r, e in sorted(self.core.engines.items()) if not e.registered]
-                raise StartupError(f"engines {missing} did not register within {timeout:.1f}s")
+                raise self.core.registration_timeout(timeout)
             if not await self._router.poll(remaining * 1000):
                 continue
             frames = await self._router.recv_multipart()
