@@ -320,8 +320,11 @@ class VllmRsDriver(FrontendDriver):
             proc = self.proc
             if proc is None or proc.poll() is not None:
                 code = None if proc is None else proc.returncode
-                raise StartupError(f"vllm-rs exited with {code} before serving:\n"
-                                   f"{self._log_tail(STARTUP_LOG_LINES)}")
+                tail = self._log_tail(STARTUP_LOG_LINES)
+                errors = [ln for ln in tail.splitlines() if "ERROR" in ln or "rror:" in ln]
+                headline = errors[-1].strip() if errors else "(no error line logged)"
+                raise StartupError(f"vllm-rs exited with {code} before serving: {headline}\n"
+                                   f"{tail}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise StartupError(f"vllm-rs did not serve /v1/models within the bound "
