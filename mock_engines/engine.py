@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.wire import (
     DEFAULT_CODEC,
@@ -22,14 +22,13 @@ from harness.wire import (
     WireCodec,
 )
 from harness.wire import messages as m
-from mock_engines.script import Die, EngineScript, Emit, Finish, Garbage, Step, default_ready
+from mock_engines.script import Die, Emit, EngineScript, Finish, Garbage, Step, default_ready
 from mock_engines.transcript import Record, Transcript
 
 ALL_CLIENTS = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     """Frames to send on the output socket of `client_index` (ALL_CLIENTS: every one)."""
 
     client_index: int
@@ -84,7 +83,11 @@ class MockEngineCore:
         return self.codec.encode_ready(ready)
 
     def record_ready(self, now: float, payload: bytes) -> None:
-        self._record(now, "out", "ready", [payload], note="ready response")
+        try:
+            message: Any = self.codec.decode_ready(payload)
+        except ProtocolError:
+            message = None  # deliberately malformed (scripted); the hex shows it
+        self._record(now, "out", "ready", [payload], message, note="ready response")
 
     # ------------------------------------------------------------------ input
 
@@ -240,7 +243,7 @@ class MockEngineCore:
 
     def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
         frames = self.codec.encode_outputs(outputs)
-        self.transcript.append(Record(now, self.rank, "out", "output", tuple(frames), outputs))
+        self.transcript.append_output(now, self.rank, tuple(frames))
         return Outgoing(client, frames)
 
     def _record(self, now: float, direction: Any, channel: Any, frames: list[bytes],

@@ -122,7 +122,7 @@ class MockCoordinator:
             next_publish = time.monotonic()
             while not self._stop.is_set():
                 wait_ms = max(0.0, (next_publish - time.monotonic()) * 1000)
-                if sock.poll(min(wait_ms, 50)):
+                if sock.poll(int(min(wait_ms, 50))):
                     frame = sock.recv()
                     self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "in",
                                                   "coordinator", (frame,), None, None,

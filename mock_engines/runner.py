@@ -8,12 +8,14 @@ pipe. Commands (faults, stop) are queued from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import zmq
 
@@ -23,7 +25,11 @@ from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
 from mock_engines.transcript import Record
 
 _MAX_POLL_MS = 1000  # defensive upper bound on any single sleep
-_DRAIN_BATCH = 256  # inputs read per wake before the engine takes a step
+_DRAIN_BATCH = 256
+_BUSY_CHECK_EVERY = 4  # while streaming, look at inputs and commands every N steps  # inputs read per wake before the engine takes a step
+# Plain ints: pyzmq's enum versions make `sock.get(EVENTS) & POLLIN` several times slower.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class EngineRunner:
         self.failure: BaseException | None = None  # harness-level failure, for reports
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)  # drained opportunistically, never waited on
         self._stop = False
         self._reading = True
         self._inputs: list[zmq.Socket[bytes]] = []
@@ -80,10 +87,8 @@ class EngineRunner:
         if self._thread.is_alive():
             raise TimeoutError(f"mock engine {self.core.rank} did not stop within {timeout}s")
         for fd in (self._wake_r, self._wake_w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     @property
     def alive(self) -> bool:
@@ -116,10 +121,8 @@ class EngineRunner:
     # ------------------------------------------------------------------ thread
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        except OSError:
-            pass
 
     def _run(self) -> None:
         try:
@@ -155,7 +158,7 @@ class EngineRunner:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no INIT from the launcher within {hs.timeout}s")
-            if sock.poll(min(remaining, 0.1) * 1000):
+            if sock.poll(int(min(remaining, 0.1) * 1000)):
                 frames = sock.recv_multipart()
                 now = time.monotonic()
                 try:
@@ -206,19 +209,25 @@ class EngineRunner:
         core = self.core
         poller = self._make_poller()
         monotonic = time.monotonic
+        busy_steps = 0
         while not self._stop:
             if self._sockets_changed:
                 poller = self._make_poller()
             deadline = core.next_deadline()
-            if deadline is None:
-                timeout: float = _MAX_POLL_MS
+            now = monotonic()
+            events: dict[Any, int]
+            if deadline is not None and deadline <= now:
+                # Work is due (e.g. mid-stream): the same non-blocking readiness check a
+                # zero-timeout poll makes, without its syscall -- the streaming hot path.
+                # Checked every few steps only: input then waits at most a few steps.
+                busy_steps += 1
+                events = self._ready_now() if busy_steps % _BUSY_CHECK_EVERY == 0 else {}
             else:
-                timeout = min(max((deadline - monotonic()) * 1000.0, 0.0), _MAX_POLL_MS)
-            events = dict(poller.poll(timeout))
+                timeout = (_MAX_POLL_MS if deadline is None
+                           else min((deadline - now) * 1000.0, _MAX_POLL_MS))
+                events = dict(poller.poll(int(timeout)))  # pyzmq truncates floats anyway
             if self._wake_r in events:
-                os.read(self._wake_r, 4096)
-                while not self._commands.empty():
-                    self._commands.get_nowait()()
+                self._run_commands()
                 if self._stop:
                     break
             if self._reading:
@@ -228,12 +237,30 @@ class EngineRunner:
             for item in core.poll(monotonic()):
                 self._send(item)
 
+    def _ready_now(self) -> dict[Any, int]:
+        events: dict[Any, int] = {}
+        if not self._commands.empty():
+            events[self._wake_r] = _POLLIN
+        if self._reading:
+            for sock in self._inputs:
+                if cast(int, sock.get(_EVENTS)) & _POLLIN:
+                    events[sock] = _POLLIN
+        return events
+
+    def _run_commands(self) -> None:
+        # BlockingIOError: the command was queued before its wake byte was written.
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        while not self._commands.empty():
+            self._commands.get_nowait()()
+
     def _make_poller(self) -> zmq.Poller:
         self._sockets_changed = False
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
-        for sock in self._inputs:
-            poller.register(sock, zmq.POLLIN)
+        if self._reading:  # not reading: pending input must not wake (and spin) the loop
+            for sock in self._inputs:
+                poller.register(sock, zmq.POLLIN)
         return poller
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
@@ -254,8 +281,12 @@ class EngineRunner:
         else:
             self._fault(f"no output socket for client_index {item.client_index}; dropped")
             return
+        frames = item.frames
         for sock in targets:
-            sock.send_multipart(item.frames)
+            if len(frames) == 1:
+                sock.send(frames[0])  # same wire message, less per-call overhead
+            else:
+                sock.send_multipart(frames)
 
     # ------------------------------------------------------------------ faults
 
@@ -268,6 +299,7 @@ class EngineRunner:
 
     def _set_reading(self, value: bool) -> None:
         self._reading = value
+        self._sockets_changed = True  # rebuild the poller with or without the inputs
 
     def _request_stop(self) -> None:
         self._stop = True

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.wire import AbortRequests, AddRequest, ProtocolError, to_jsonable
+from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest, ProtocolError, to_jsonable
 from harness.wire import messages as m
 
 Direction = Literal["in", "out"]
@@ -52,20 +52,33 @@ class Record:
         return out
 
 
+# An engine output kept raw on the hot path: (t, rank, frames). Decoded on first read, so
+# streaming never pays for building and retaining records (and their GC-tracked lists).
+_RawOutput = tuple[float, int, tuple[bytes, ...]]
+
+
 @dataclass
 class Transcript:
     """Append-only record list with the queries conformance cases need."""
 
-    records: list[Record] = field(default_factory=list)
+    records: list[Record | _RawOutput] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def append(self, record: Record) -> None:
         with self._lock:
             self.records.append(record)
 
+    def append_output(self, t: float, rank: int, frames: tuple[bytes, ...]) -> None:
+        """Record an engine output message from its frames alone (the streaming hot path)."""
+        self.records.append((t, rank, frames))  # list.append is atomic under the GIL
+
     def snapshot(self) -> list[Record]:
         with self._lock:
-            return list(self.records)
+            records = self.records
+            for i, entry in enumerate(records):
+                if type(entry) is tuple:
+                    records[i] = _decoded_output(*entry)
+            return list(records)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.snapshot())
@@ -130,6 +143,13 @@ class Transcript:
         recs = self.snapshot() if records is None else list(records)
         t0 = recs[0].t if recs else 0.0
         return [r.to_json(t0) for r in recs]
+
+
+def _decoded_output(t: float, rank: int, frames: tuple[bytes, ...]) -> Record:
+    try:
+        return Record(t, rank, "out", "output", frames, DEFAULT_CODEC.decode_outputs(frames))
+    except ProtocolError as exc:
+        return Record(t, rank, "out", "output", frames, None, exc)
 
 
 class MergedTranscript(Transcript):

@@ -1,8 +1,8 @@
 """The vllm lane: tests that import the real vLLM 0.33.0 package.
 
-The directory is skipped as a whole (with the reason, without importing its modules) where
-vLLM is not installed, so the core suite runs anywhere; `make test` installs the lane. vLLM must be told it runs on CPU before its first
-import, hence the environment defaults below.
+Every module here is skipped (with the reason, without being imported) where vLLM is not
+installed, so the core suite runs anywhere; `make test` installs the lane. vLLM must be told
+it runs on CPU before its first import, hence the environment defaults below.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -19,11 +20,24 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
 _HERE = Path(__file__).resolve().parent
+_VLLM_MISSING = importlib.util.find_spec("vllm") is None  # cheap: nothing is imported
+_SKIP_REASON = ("vllm is not installed in this environment; the vllm lane needs vllm 0.33.0 "
+                "(make venv-vllm)")
 
-if importlib.util.find_spec("vllm") is None:  # cheap: no import
-    # Skips the whole directory, test modules unimported (they may need lane-only packages).
-    pytest.skip("vllm is not installed in this environment; the vllm lane needs vllm 0.33.0 "
-                "(make venv-vllm)", allow_module_level=True)
+
+class _VllmMissing(pytest.Module):
+    """Stands in for a lane module where vllm is absent: reported skipped, never imported
+    (the modules may need other lane-only packages too)."""
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        pytest.skip(_SKIP_REASON)
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector
+                                ) -> pytest.Module | None:
+    if _VLLM_MISSING:
+        return _VllmMissing.from_parent(parent, path=module_path)
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
