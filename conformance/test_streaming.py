@@ -164,3 +164,24 @@ async def text(ctx: CaseContext) -> None:
     _g, h = await _one(ctx, stream([100, 101]), 2)
     ctx.require(h.text.split() == ["t100", "t101"], expected="text ' t100 t101'",
                 observed=repr(h.text))
+
+
+@case("streaming.stats.tolerated", Level.MUST,
+      "Scheduler stats on step messages, request events and stats-only messages (what an "
+      "engine under `vllm serve`'s default log_stats sends) do not disturb streams.",
+      source="docs/fidelity.md (M2); protocol-python.md §6.1", needs=GEN)
+async def stats_tolerated(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(log_stats=True)])
+    handles = [await ctx.driver.generate(prompt(i), 3) for i in range(2)]
+    for h in handles:
+        await h.wait(ctx.t(3))
+    await ctx.quiet(0.1)
+    later = await ctx.driver.generate(prompt(5), 2)
+    await later.wait(ctx.t(3))
+    stats_only = [r for r in group.transcript.select(direction="out", channel="output")
+                  if isinstance(r.message, m.EngineCoreOutputs) and not r.message.outputs
+                  and r.message.scheduler_stats is not None]
+    ctx.note(f"{len(stats_only)} stats-only messages sent")
+    bad = [(h.tokens, h.finish_reason, h.error) for h in [*handles, later]
+           if h.finish_reason != "length"]
+    ctx.require(not bad, expected="every stream completes with length", observed=bad)

@@ -78,7 +78,12 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
     if spec is None or not isinstance(collector, pytest.Module):
         return None
     items: list[pytest.Item] = []
-    for frontend in _frontends(collector.config):
+    frontends = _frontends(collector.config)
+    if spec.area == "components":  # they test a component, not a frontend: run once
+        from harness.components import kv_worker_name
+
+        frontends = [f"kv:{kv_worker_name()}"]
+    for frontend in frontends:
         item = pytest.Function.from_parent(collector, name=f"{spec.case_id}[{frontend}]",
                                            callobj=obj,
                                            originalname=f"{spec.case_id}[{frontend}]")

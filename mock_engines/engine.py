@@ -41,7 +41,9 @@ class _LiveRequest:
     steps: list[Step]
     position: int
     due: float
+    added: float = 0.0
     tokens_sent: int = 0
+    outputs_sent: int = 0
 
 
 @dataclass(order=True)
@@ -72,6 +74,8 @@ class MockEngineCore:
         self._reply_seq = 0
         self._outbox: list[Outgoing] = []
         self._finished_for_client: dict[int, list[str]] = {}
+        self._step_counter = 0
+        self._stats_only_due = False  # log_stats: one stats-only message once idle
 
     # ------------------------------------------------------------ registration
 
@@ -117,7 +121,8 @@ class MockEngineCore:
         steps = self.script.steps_for(request, index)
         if request.abort_immediately or not steps:
             return
-        self.live[request.request_id] = _LiveRequest(request, steps, 0, now + _delay(steps[0]))
+        self.live[request.request_id] = _LiveRequest(request, steps, 0, now + _delay(steps[0]),
+                                                     now)
 
     def _on_abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -125,6 +130,7 @@ class MockEngineCore:
             if live is not None:
                 self.aborted.add(rid)
                 self._note_finished(live.request.client_index, rid)
+                self._went_idle()
 
     def _on_utility(self, call: m.UtilityRequest, now: float) -> None:
         reply = self.script.utility_reply(call.method)
@@ -147,7 +153,7 @@ class MockEngineCore:
         times = [r.due for r in self.live.values()]
         if self._replies:
             times.append(self._replies[0].due)
-        if self._outbox or self._finished_for_client:
+        if self._outbox or self._finished_for_client or self._stats_only_due:
             return 0.0
         return min(times) if times else None
 
@@ -181,11 +187,18 @@ class MockEngineCore:
                 continue
             per_client.setdefault(client, []).append(self._output_for(rid, live, step))
         out = faults
+        stats = self._scheduler_stats() if per_client or self._stats_only_due else None
         for client, outputs in per_client.items():
             finished = self._finished_for_client.pop(client, None)
-            msg = m.EngineCoreOutputs(self.rank, outputs, None, now, finished_requests=finished,
+            msg = m.EngineCoreOutputs(self.rank, outputs, stats, now, finished_requests=finished,
                                       weight_version=self.script.weight_version)
+            stats = None  # like vLLM: stats ride on one client's message per step
             out.append(self._emit(now, client, msg))
+        if stats is not None and not self.live:
+            self._stats_only_due = False
+            msg = m.EngineCoreOutputs(self.rank, [], stats, now,
+                                      weight_version=self.script.weight_version)
+            out.append(self._emit(now, 0, msg))
         for client in list(self._finished_for_client):
             finished = self._finished_for_client.pop(client)
             msg = m.EngineCoreOutputs(self.rank, [], None, now, finished_requests=finished)
@@ -196,15 +209,56 @@ class MockEngineCore:
                     ) -> m.EngineCoreOutput:
         tokens = list(step.tokens)
         live.tokens_sent += len(tokens)
+        first = live.outputs_sent == 0
+        live.outputs_sent += 1
+        prefill = self._prefill_stats(live) if first and self.script.prefill_stats else None
+        events = ([m.EngineCoreEvent(m.EngineCoreEventType.QUEUED, live.added),
+                   m.EngineCoreEvent(m.EngineCoreEventType.SCHEDULED, live.added)]
+                  if first and self.script.log_stats else None)
         if isinstance(step, Emit):
             self._advance(rid, live)
-            return m.EngineCoreOutput(rid, tokens)
+            return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill)
         del self.live[rid]
         self.finished.add(rid)
         self._note_finished(live.request.client_index, rid)
+        self._went_idle()
         return m.EngineCoreOutput(rid, tokens, finish_reason=step.reason,
-                                  stop_reason=step.stop_reason,
-                                  kv_transfer_params=step.kv_transfer_params, error=step.error)
+                                  stop_reason=step.stop_reason, events=events,
+                                  kv_transfer_params=step.kv_transfer_params,
+                                  prefill_stats=prefill, error=step.error)
+
+    @staticmethod
+    def _prefill_stats(live: _LiveRequest) -> dict[str, int]:
+        """vLLM's PrefillStats for a fully computed prompt (no cache hits)."""
+        n = len(live.request.prompt_token_ids or [])
+        return {"num_prompt_tokens": n, "num_computed_tokens": n, "num_cached_tokens": 0,
+                "num_local_cached_tokens": 0, "num_external_cached_tokens": 0,
+                "num_cache_creation_tokens": 0}
+
+    def _went_idle(self) -> None:
+        if self.script.log_stats and not self.live:
+            self._stats_only_due = True
+
+    def _scheduler_stats(self) -> dict[str, Any] | None:
+        """A SchedulerStats map with vLLM 0.33.0's key structure (log_stats only)."""
+        if not self.script.log_stats:
+            return None
+        self._step_counter += 1
+        return {
+            "num_running_reqs": len(self.live), "num_waiting_reqs": 0,
+            "num_skipped_waiting_reqs": 0,
+            "num_kv_fetch_reqs_by_stage": {"waiting_to_start": 0, "in_progress": 0,
+                                           "completed_waiting": 0},
+            "step_counter": self._step_counter, "current_wave": 0, "kv_cache_usage": 0.0,
+            "iteration_details": None,
+            "prefix_cache_stats": {"reset": False, "requests": 0, "queries": 0, "hits": 0,
+                                   "preempted_requests": 0, "preempted_queries": 0,
+                                   "preempted_hits": 0, "hits_by_source": {}},
+            "connector_prefix_cache_stats": None, "kv_cache_eviction_events": [],
+            "spec_decoding_stats": None, "kv_connector_stats": None,
+            "ec_connector_stats": None, "waiting_lora_adapters": {},
+            "running_lora_adapters": {}, "cudagraph_stats": None, "perf_stats": None,
+        }
 
     def _advance(self, rid: str, live: _LiveRequest) -> None:
         live.position += 1

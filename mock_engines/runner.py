@@ -25,8 +25,8 @@ from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
 from mock_engines.transcript import Record
 
 _MAX_POLL_MS = 1000  # defensive upper bound on any single sleep
-_DRAIN_BATCH = 256
-_BUSY_CHECK_EVERY = 4  # while streaming, look at inputs and commands every N steps  # inputs read per wake before the engine takes a step
+_DRAIN_BATCH = 256  # inputs read per wake before the engine takes a step
+_BUSY_CHECK_EVERY = 4  # while streaming, look at inputs and commands every N steps
 # Plain ints: pyzmq's enum versions make `sock.get(EVENTS) & POLLIN` several times slower.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)

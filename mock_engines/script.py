@@ -178,6 +178,11 @@ class EngineScript:
     # Report finished/aborted ids in `finished_requests` (real engines do in internal-LB DP).
     report_finished: bool = False
     weight_version: str | None = "default"
+    # Attach PrefillStats to each request's first output, as vLLM's scheduler always does.
+    prefill_stats: bool = True
+    # Emulate `vllm serve`'s default log_stats=True: request events on the first output,
+    # SchedulerStats on step messages, and a stats-only message after the engine goes idle.
+    log_stats: bool = False
 
     def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
         for rule in self.rules:

@@ -19,6 +19,7 @@ from harness.report.killmatrix import KillMatrix
 from harness.report.writer import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(900)  # the whole suite x every mutant, in one child run
 WORKERS = os.environ.get("COREWIRE_MUTANT_WORKERS", "10")
 
 
@@ -26,7 +27,8 @@ WORKERS = os.environ.get("COREWIRE_MUTANT_WORKERS", "10")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> KillMatrix:
     report_dir = tmp_path_factory.mktemp("mutants")
     argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-p",
-            "no:cacheprovider", "-n", WORKERS, "--report-dir", str(report_dir)]
+            "no:cacheprovider", "-n", WORKERS, "--report-dir", str(report_dir),
+            "-m", "not components"]  # component cases have their own mutants (test_kv_components)
     for name in MUTANTS:
         argv += ["--frontend", f"mutant:{name}"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)

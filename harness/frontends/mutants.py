@@ -330,6 +330,17 @@ class StartupErrorUnnamed(ReferenceFrontendCore):
         return StartupError("timed out waiting for engines to start")
 
 
+class SchedulerStatsFatal(ReferenceFrontendCore):
+    """Chokes on scheduler stats (e.g. a strict decoder without the stats schema)."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        message = self.codec.decode_outputs(frames)
+        if isinstance(message, m.EngineCoreOutputs) and message.scheduler_stats is not None:
+            self.mark_dead("unexpected scheduler_stats")
+            return []
+        return super().on_output(frames)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -406,6 +417,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ServesWithMissingEngines),
     Mutant("startup_error_unnamed", "startup timeout error does not name the engine",
            StartupErrorUnnamed),
+    Mutant("scheduler_stats_fatal", "scheduler stats on a message kill the client",
+           SchedulerStatsFatal),
     Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
            ReadyForbidsUnknownKeys),
 ]}

@@ -33,6 +33,10 @@ def make_driver(spec: str) -> FrontendDriver:
         from harness.frontends.vllm_py import VllmPyDriver
 
         return VllmPyDriver()
+    if spec.startswith("kv:"):  # component cases: no frontend involved
+        from harness.frontends.no_frontend import NoFrontend
+
+        return NoFrontend(spec)
     if spec.startswith("mutant:"):
         from harness.frontends.mutants import make_mutant_driver
 

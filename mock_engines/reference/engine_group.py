@@ -12,18 +12,23 @@ model underneath is chosen by mode:
 Between the frontend under test and the engine sits a `RecordingProxy`, whose transcript is
 `group.transcript`: the same queries cases run against mock engines apply unchanged.
 
-Processes. Importing vLLM costs 10-30 s, so one *engine server* per mode and per harness
-process does it once: `python -m mock_engines.reference.engine_group --serve`, a child with
-a clean fd table and its own environment (VLLM_TARGET_DEVICE, loopback VLLM_HOST_IP). It
-builds configs, and per group calls `launch_core_engines`, which forks (cpu-stub) the
-`EngineCoreProc` and runs vLLM's real HELLO / INIT / READY handshake with it; a cpu-stub
-engine starts in about a second. Reaping, in layers: a group's `stop()` asks the server to
-shut its engine down (SIGTERM, bounded wait, SIGKILL: vLLM's own process manager) and
-SIGKILLs the engine itself if the server does not confirm in time; the server exits when
-the harness process goes away (EOF on its control socket, or its parent changing) and
-shuts every engine down first; cpu-stub engines also get PR_SET_PDEATHSIG so they cannot
-outlive the server; `shutdown_servers()` (also registered with atexit) stops servers with
-a bounded wait and SIGKILL.
+Processes. Importing vLLM costs 10-30 s, so it happens once per mode and per harness
+process, in an *engine server*: a child process (`main(["--serve", ...])`) with a clean fd
+table and its own environment (VLLM_TARGET_DEVICE, loopback VLLM_HOST_IP). The server
+builds configs and, per group, calls `launch_core_engines`, which forks (cpu-stub) the
+`EngineCoreProc` and runs vLLM's real HELLO / INIT / READY handshake with it. A cpu-stub
+engine starts in about a second.
+
+Reaping, in layers:
+
+* A group's `stop()` asks the server to shut its engine down. The server uses vLLM's own
+  process manager: SIGTERM, a bounded wait, then SIGKILL.
+* If the server does not confirm in time, the harness SIGKILLs the engine pids itself.
+* The server exits when the harness process goes away (EOF on its control socket, or its
+  parent changing), and shuts every engine down first.
+* cpu-stub engines also get PR_SET_PDEATHSIG, so they cannot outlive the server.
+* `shutdown_servers()` (also registered with atexit) stops the servers, with a bounded wait
+  and SIGKILL.
 
 Only DP=1 is supported: a real DP>1 deployment needs vLLM's own DP coordinator, whose
 address is known only after launch, while drivers read `stats_address` before it.
@@ -68,6 +73,9 @@ SERVER_START_TIMEOUT = 180.0  # importing vLLM + torch on a slow 2-core box
 CONTROL_TIMEOUT = 10.0  # an answer from the server to one control message
 LOG_TAIL_BYTES = 4000
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+# Not `-m`: that would import this module twice (as the package's and as __main__).
+_SERVER_MAIN = ("import sys; from mock_engines.reference.engine_group import main; "
+                "sys.exit(main(sys.argv[1:]))")
 
 
 class EngineUnavailable(RuntimeError):
@@ -130,8 +138,8 @@ class EngineServer:
                        p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mock_engines.reference.engine_group", "--serve",
-                 "--fd", str(theirs.fileno()), "--mode", self.mode],
+                [sys.executable, "-c", _SERVER_MAIN, "--serve", "--fd", str(theirs.fileno()),
+                 "--mode", self.mode],
                 pass_fds=[theirs.fileno()], env=env, cwd=_REPO_ROOT,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)  # the harness's Ctrl-C is for the harness
@@ -437,8 +445,9 @@ class ReferenceEngineGroup:
                         timeout: float = 30.0) -> None:
         """The engine does vLLM's real HELLO / INIT / READY with the frontend, via the proxy.
 
-        Only `local=True, headless=False` (what a local engine says); the rest is the real
-        engine's behaviour, not ours to script.
+        Only `local=True, headless=False` (what a local engine says). `timeout` is accepted
+        for interface compatibility: how long a real engine waits for INIT is vLLM's own
+        (HANDSHAKE_TIMEOUT_MINS), not ours to script.
         """
         if not local or headless:
             raise NotImplementedError("a real local engine says local=True, headless=False; "
@@ -578,16 +587,11 @@ class _Server:
             args.update(overrides)
             cached = self.configs[key] = self.EngineArgs(**args).create_engine_config()
             if self.mode == "cpu-stub":
-                # The CPU platform just forced "spawn" (an 8-30 s re-import per engine);
-                # this process forks nothing else, so fork is safe and starts in ~1 s.
+                # The CPU platform just forced "spawn" (a 10-30 s re-import of vLLM per
+                # engine). Fork is safe from this process -- no device context, no work of
+                # its own besides launching -- and starts an engine in about a second.
                 os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         return copy.deepcopy(cached)
-
-    def executor_class(self) -> Any:
-        if self.mode == "cpu-stub":
-            from mock_engines.reference.stub_executor import StubExecutor
-            return StubExecutor
-        return None  # set per config below
 
     # ------------------------------------------------------------------ launches
 
@@ -597,10 +601,13 @@ class _Server:
         try:
             cfg = self.config(dict(msg.get("engine_args") or {}))
             if self.mode == "cpu-stub":
-                from mock_engines.reference.stub_executor import stub_additional_config
+                from mock_engines.reference.stub_executor import (
+                    StubExecutor,
+                    stub_additional_config,
+                )
                 cfg.additional_config.update(stub_additional_config(
                     float(msg.get("step_delay_s", 0.0)), die_with_parent=True))
-                executor = self.executor_class()
+                executor: Any = StubExecutor
             else:
                 executor = self.Executor.get_class(cfg)
             log_stats = bool(msg.get("log_stats", True))

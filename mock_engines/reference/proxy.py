@@ -317,7 +317,10 @@ class RecordingProxy:
             now = time.monotonic()
             rank = int.from_bytes(identity, "little")
             dealer = client.fe_in.get(identity)
-            if dealer is None:
+            if client.mirrored_disconnect:
+                self._record(Record(now, rank, "out", "input", tuple(frames), None, None,
+                                    "engine frame after its disconnect: not forwarded"))
+            elif dealer is None:
                 self._record_ready(now, rank, frames)
                 dealer = self._connect_frontend_input(client, identity)
                 dealer.send_multipart(frames)
