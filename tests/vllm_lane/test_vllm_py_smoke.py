@@ -21,7 +21,8 @@ from harness.frontends.driver import FrontendError, StartupError
 from harness.frontends.vllm_py import VllmPyDriver
 from harness.transport.endpoints import PrivateIpcDir
 from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript, UtilityReply, any_request
+from mock_engines.script import EngineScript, any_request
+from tests.vllm_lane.driving import answering, run_driver, scripts
 
 pytestmark = pytest.mark.vllm
 
@@ -30,30 +31,7 @@ Body = Callable[[VllmPyDriver, EngineGroup], Awaitable[None]]
 
 
 def run(scripts: Sequence[EngineScript], body: Body) -> None:
-    """Start AsyncLLM against these engines, run `body`, always tear both down."""
-
-    async def main() -> None:
-        ipc = PrivateIpcDir()
-        coordinator = ipc.address("dp-stats") if len(scripts) > 1 else None
-        group = EngineGroup(list(scripts), coordinator_address=coordinator)
-        driver = VllmPyDriver()
-        try:
-            await driver.start(group, START_TIMEOUT)
-            await asyncio.wait_for(body(driver, group), 30)
-        finally:
-            await driver.shutdown()
-            await asyncio.to_thread(group.stop)
-            ipc.cleanup()
-
-    asyncio.run(main())
-
-
-def scripts(n: int, **kw: object) -> list[EngineScript]:
-    return [EngineScript(**kw) for _ in range(n)]  # type: ignore[arg-type]
-
-
-def answering(method: str, *values: object) -> list[EngineScript]:
-    return [EngineScript(utilities={method: UtilityReply(v)}) for v in values]
+    run_driver(VllmPyDriver, scripts, body, START_TIMEOUT)
 
 
 @pytest.mark.parametrize("n", [1, 2])

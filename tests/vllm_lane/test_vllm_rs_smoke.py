@@ -19,10 +19,10 @@ import pytest
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import FrontendError, StartupError
 from harness.frontends.vllm_rs import VllmRsDriver
-from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import VllmArtifactError, vllm_rs_binary
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request
+from tests.vllm_lane.driving import run_driver, scripts
 
 pytestmark = pytest.mark.vllm
 os.environ["VLLM_HOST_IP"] = "127.0.0.1"
@@ -41,26 +41,7 @@ def binary() -> Path:
 
 
 def run(scripts: Sequence[EngineScript], body: Body) -> None:
-    """Start the frontend against these engines, run `body`, always tear both down."""
-
-    async def main() -> None:
-        ipc = PrivateIpcDir()
-        coordinator = ipc.address("dp-stats") if len(scripts) > 1 else None
-        group = EngineGroup(list(scripts), coordinator_address=coordinator)
-        driver = VllmRsDriver()
-        try:
-            await driver.start(group, START_TIMEOUT)
-            await asyncio.wait_for(body(driver, group), 30)
-        finally:
-            await driver.shutdown()
-            await asyncio.to_thread(group.stop)
-            ipc.cleanup()
-
-    asyncio.run(main())
-
-
-def scripts(n: int, **kw: object) -> list[EngineScript]:
-    return [EngineScript(**kw) for _ in range(n)]  # type: ignore[arg-type]
+    run_driver(VllmRsDriver, scripts, body, START_TIMEOUT)
 
 
 @pytest.mark.parametrize("n", [1, 2])
