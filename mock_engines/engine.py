@@ -114,6 +114,7 @@ class MockEngineCore:
         # START_DP_WAVE is only legal from the coordinator; it is recorded, nothing more.
 
     def _on_add(self, request: m.EngineCoreRequest, now: float) -> None:
+        self._stats_only_due = False  # busy again: the next step carries stats anyway
         index = self._adds_seen
         self._adds_seen += 1
         if request.request_id in self.live:
@@ -153,7 +154,8 @@ class MockEngineCore:
         times = [r.due for r in self.live.values()]
         if self._replies:
             times.append(self._replies[0].due)
-        if self._outbox or self._finished_for_client or self._stats_only_due:
+        if self._outbox or self._finished_for_client or (self._stats_only_due
+                                                          and not self.live):
             return 0.0
         return min(times) if times else None
 

@@ -138,11 +138,10 @@ class ExplicitRankIgnored(ReferenceFrontendCore):
 
 
 class StopStringNotAborted(ReferenceFrontendCore):
-    def stop_hit(self, state: RequestState) -> bool:
-        hit = super().stop_hit(state)
-        if hit:
+    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
+        hit = super().stop_hit(state, engine_finished)
+        if self.stop_aborts.pop(state.request_id, None) is not None:
             self.pending_drops.remove(state.request_id)
-            self.requests.pop(state.request_id, None)
         return hit
 
 

@@ -92,6 +92,7 @@ class ReferenceFrontendCore:
         self._call_ids = itertools.count(1)
         self._block_sizes: dict[int, int] = {}
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
+        self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
 
     # ------------------------------------------------------------ registration
 
@@ -203,12 +204,14 @@ class ReferenceFrontendCore:
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
         if state is None:
+            if output.finished:  # ended by a stop string, and now finished by its engine:
+                self.stop_aborts.pop(output.request_id, None)  # no ABORT owed any more
             return  # unknown or already finished/aborted: ignored
         handle = state.handle
         if output.new_token_ids:
             text = detokenize(output.new_token_ids)
             handle.add_tokens(output.new_token_ids, text)
-            if state.stop and self.stop_hit(state):
+            if state.stop and self.stop_hit(state, engine_finished=output.finished):
                 return
         if output.finish_reason is not None:
             if output.finish_reason is m.FinishReason.ERROR:
@@ -217,15 +220,18 @@ class ReferenceFrontendCore:
             else:
                 self._finish(output.request_id, str(output.finish_reason))
 
-    def stop_hit(self, state: RequestState) -> bool:
-        """Frontend-side stop strings: end the stream and queue an abort for the engine."""
+    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
+        """Frontend-side stop strings: end the stream at once (later outputs are ignored)
+        and, unless the engine already finished the request, owe its engine an ABORT."""
         handle = state.handle
         for stop in state.stop:
             pos = handle.text.find(stop)
             if pos >= 0:
                 handle.text = handle.text[:pos]
-                self.pending_drops.append(state.request_id)
-                state.handle.finish("stop")
+                self._finish(state.request_id, "stop")
+                if not engine_finished:
+                    self.stop_aborts[state.request_id] = state.rank
+                    self.pending_drops.append(state.request_id)
                 return True
         return False
 
@@ -249,6 +255,9 @@ class ReferenceFrontendCore:
         for rid in batch:
             state = self.requests.get(rid)
             if state is None:
+                owner = self.stop_aborts.pop(rid, None)  # ended by a stop string: owed
+                if owner is not None:
+                    per_engine.setdefault(owner, []).append(rid)
                 continue  # finished, aborted or unknown: skipped
             per_engine.setdefault(state.rank, []).append(rid)
             self._finish(rid, state.handle.finish_reason or "abort")
@@ -330,4 +339,5 @@ class ReferenceFrontendCore:
         for rid in list(self.requests):
             self._finish(rid, "error", f"engine dead: {reason}")
         self.pending_drops.clear()
+        self.stop_aborts.clear()
 
