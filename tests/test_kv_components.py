@@ -94,7 +94,8 @@ def test_reference_passes_every_case(matrix: dict[str, dict[str, CaseResult]]) -
 
 def test_concurrent_case_runtime_is_bounded(matrix: dict[str, dict[str, CaseResult]]) -> None:
     result = matrix["reference"]["components.kv_failure.concurrent_failure_mix"]
-    assert result.duration < 3.0 * timescale(), result.evidence.notes
+    # Bounded (the random mixes stop after 1.5 s), not fast: generous for loaded CI machines.
+    assert result.duration < 10.0 * timescale(), result.evidence.notes
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))

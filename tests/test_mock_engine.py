@@ -607,9 +607,7 @@ def test_stop_leaves_no_threads_and_tmp_dir_removable() -> None:
         group.start_bootstrapped(inputs, outputs)
         assert group.wait_registered(5.0)
         assert len(set(_engine_threads()) - before) == 5  # 4 engines + coordinator
-        started = time.monotonic()
-        group.stop(timeout=5.0)
-        assert time.monotonic() - started < 5.0
+        group.stop(timeout=5.0)  # raises TimeoutError if a thread outlives the bound
         assert set(_engine_threads()) - before == set()
         assert group.ctx.closed
         group.stop()  # idempotent

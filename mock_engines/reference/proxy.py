@@ -368,12 +368,7 @@ class RecordingProxy:
             except zmq.Again:
                 return
             now = time.monotonic()
-            message: Any = None
-            error: ProtocolError | None = None
-            try:
-                message = self.codec.decode_outputs(frames)
-            except ProtocolError as exc:
-                error = exc
+            message, error = self._decode(self.codec.decode_outputs, frames)
             if message is not None and not isinstance(message, EngineDead):
                 rank = message.engine_index
             else:
@@ -401,12 +396,7 @@ class RecordingProxy:
             except zmq.Again:
                 return
             now = time.monotonic()
-            message: Any = None
-            error: ProtocolError | None = None
-            try:
-                message = self.codec.decode_engine_input(frames)
-            except ProtocolError as exc:
-                error = exc
+            message, error = self._decode(self.codec.decode_engine_input, frames)
             self._record(Record(now, rank, "in", "input", tuple(frames), message, error))
             client.eng_in.send_multipart([identity, *frames])
 
@@ -422,12 +412,7 @@ class RecordingProxy:
                 return
             now = time.monotonic()
             rank = int.from_bytes(identity, "little")
-            message: Any = None
-            error: ProtocolError | None = None
-            try:
-                message = self.codec.decode_handshake_status(frames[-1])
-            except ProtocolError as exc:
-                error = exc
+            message, error = self._decode(self.codec.decode_handshake_status, frames[-1])
             status = getattr(message, "status", "?")
             self._record(Record(now, rank, "out", "handshake", tuple(frames), message, error,
                                 status))
@@ -452,12 +437,7 @@ class RecordingProxy:
                 return
             now = time.monotonic()
             rank = int.from_bytes(identity, "little")
-            message: Any = None
-            error: ProtocolError | None = None
-            try:
-                message = self.codec.decode_init(frames[-1])
-            except ProtocolError as exc:
-                error = exc
+            message, error = self._decode(self.codec.decode_init, frames[-1])
             self._record(Record(now, rank, "in", "handshake", tuple(frames), message, error,
                                 "INIT"))
             forwarded = list(frames)
@@ -519,6 +499,14 @@ class RecordingProxy:
 
     def _record(self, record: Record) -> None:
         self.transcript.append(record)
+
+    @staticmethod
+    def _decode(decode: Callable[[Any], Any], payload: Any) -> tuple[Any, ProtocolError | None]:
+        """(message, None) or (None, error): the proxy records bad frames and forwards them."""
+        try:
+            return decode(payload), None
+        except ProtocolError as exc:
+            return None, exc
 
     def _close_all(self) -> None:
         for client in self._clients:

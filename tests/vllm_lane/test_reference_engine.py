@@ -221,7 +221,8 @@ def test_engine_process_is_reaped() -> None:
             await driver.shutdown()
             await asyncio.to_thread(group.stop)
         assert not _alive(pid)
-        assert group.stop_seconds is not None and group.stop_seconds < 5.0
+        # Bounded, not fast: vLLM's SIGTERM grace, then SIGKILL (a behaviour, not a timing).
+        assert group.stop_seconds is not None and group.stop_seconds < scaled(15.0)
 
     asyncio.run(main())
 
