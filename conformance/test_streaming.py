@@ -139,7 +139,8 @@ async def batched(ctx: CaseContext) -> None:
       "and completes once the engine resumes it.", source="PR #41627", needs=GEN)
 async def deferred(ctx: CaseContext) -> None:
     p_slow, p_fast = prompt(0), prompt(1)
-    slow = [Emit([200], 1.0), Finish(F.LENGTH, [201], 0.05)]
+    hold_for = ctx.t(1.0)  # the deferral and the window below scale together
+    slow = [Emit([200], hold_for), Finish(F.LENGTH, [201], 0.05)]
     fast = [Emit([100], 0.02), Emit([101], 0.02), Finish(F.LENGTH, [102], 0.02)]
     await ctx.start([EngineScript(rules=[by_prompt(p_slow, slow), by_prompt(p_fast, fast)])])
     began = time.monotonic()
@@ -147,8 +148,8 @@ async def deferred(ctx: CaseContext) -> None:
     h_fast = await ctx.driver.generate(p_fast, 3)
     await h_fast.wait(ctx.t(3))
     fast_done = time.monotonic() - began
-    ctx.require(fast_done < 0.8 and not h_slow.first_output.is_set(),
-                expected="the neighbour completes (< 0.8 s) while the deferred one waits",
+    ctx.require(fast_done < 0.8 * hold_for and not h_slow.first_output.is_set(),
+                expected="the neighbour completes while the deferred one still waits",
                 observed=f"neighbour done after {fast_done:.2f}s; deferred started: "
                          f"{h_slow.first_output.is_set()}")
     await h_slow.wait(ctx.t(4))
