@@ -49,7 +49,7 @@ NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 @functools.cache
 def _vllm() -> SimpleNamespace:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # loopback only, as for everything vLLM
     return SimpleNamespace(
         torch=importlib.import_module("torch"),
         msgspec=importlib.import_module("msgspec"),
