@@ -63,6 +63,13 @@ async def _wait_aborted(ctx: CaseContext, group: EngineGroup, ids: set[str],
     await ctx.wait_until(lambda: ids <= set(group.transcript.aborted_ids()), timeout)
 
 
+async def _settle_aborts(ctx: CaseContext, group: EngineGroup, owners: dict[str, int],
+                         timeout: float = 3) -> None:
+    """Wait (bounded) for every owed ABORT, then a quiet window for stray extra ones."""
+    await _wait_aborted(ctx, group, set(owners), timeout)
+    await ctx.quiet(0.1)
+
+
 @case("abort.drop.single", Level.MUST,
       "Dropping one live stream sends one ABORT with its id to its engine.", source=PR,
       needs=DROP)
@@ -70,8 +77,7 @@ async def drop_single(ctx: CaseContext) -> None:
     group = await ctx.start(_holding())
     handles, owners = await _open_streams(ctx, group, 1)
     await ctx.driver.drop(handles)
-    await _wait_aborted(ctx, group, set(owners))
-    await ctx.quiet(0.1)
+    await _settle_aborts(ctx, group, owners)
     _check_exactly_once(ctx, group, owners)
 
 
@@ -82,8 +88,7 @@ async def burst_exactly_once(ctx: CaseContext) -> None:
     group = await ctx.start(_holding(2))
     handles, owners = await _open_streams(ctx, group, 8)
     await ctx.driver.drop(handles)
-    await _wait_aborted(ctx, group, set(owners))
-    await ctx.quiet(0.1)
+    await _settle_aborts(ctx, group, owners)
     _check_exactly_once(ctx, group, owners)
 
 
@@ -94,8 +99,7 @@ async def burst_coalesced(ctx: CaseContext) -> None:
     group = await ctx.start(_holding(2))
     handles, owners = await _open_streams(ctx, group, 8)
     await ctx.driver.drop(handles)
-    await _wait_aborted(ctx, group, set(owners))
-    await ctx.quiet(0.1)
+    await _settle_aborts(ctx, group, owners)
     per_engine = Counter(owners.values())
     frames = Counter(r.rank for r in group.transcript.abort_frames())
     over = {rank: frames[rank] for rank, k in per_engine.items()
@@ -177,8 +181,7 @@ async def explicit_grouped(ctx: CaseContext) -> None:
     group = await ctx.start(_holding(2))
     _handles, owners = await _open_streams(ctx, group, 4)
     await ctx.driver.abort(list(owners))
-    await _wait_aborted(ctx, group, set(owners))
-    await ctx.quiet(0.1)
+    await _settle_aborts(ctx, group, owners)
     _check_exactly_once(ctx, group, owners)
 
 

@@ -4,6 +4,7 @@ body, and always tear both down."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -35,6 +36,16 @@ def run_driver(make: Callable[[], D], scripts: Sequence[EngineScript],
             ipc.cleanup()
 
     asyncio.run(main())
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Poll `predicate` until true or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def scripts(n: int, **kw: object) -> list[EngineScript]:

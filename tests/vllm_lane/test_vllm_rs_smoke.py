@@ -23,7 +23,7 @@ from harness.timing import scaled
 from harness.vllm_dist import VllmArtifactError, vllm_rs_binary
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request
-from tests.vllm_lane.driving import run_driver, scripts
+from tests.vllm_lane.driving import run_driver, scripts, wait_for
 
 pytestmark = pytest.mark.vllm
 os.environ["VLLM_HOST_IP"] = "127.0.0.1"
@@ -116,13 +116,6 @@ def test_utility_failure_is_frontend_error() -> None:
         body)
 
 
-async def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -137,7 +130,7 @@ def test_drop_aborts_at_owner(n: int) -> None:
         assert n == 1 or sorted(set(owners.values())) == [0, 1]  # spread over both
         await driver.drop(handles)
         assert all(h.dropped and h.ended for h in handles)
-        assert await _wait_for(lambda: set(owners) <= set(group.transcript.aborted_ids()), 5)
+        assert await wait_for(lambda: set(owners) <= set(group.transcript.aborted_ids()), 5)
         for frame in group.transcript.abort_frames():
             assert frame.message.request_ids
             assert all(owners[rid] == frame.rank for rid in frame.message.request_ids)
@@ -153,7 +146,7 @@ def test_explicit_abort_maps_engine_ids() -> None:
         found = request_for(group, prompt(0))
         assert found is not None
         await driver.abort([found[1], "no-such-request"])
-        assert await _wait_for(lambda: group.transcript.aborted_ids() == [found[1]], 5)
+        assert await wait_for(lambda: group.transcript.aborted_ids() == [found[1]], 5)
         await handle.wait(5)
         assert handle.finish_reason == "abort"
         await driver.abort([])  # never sent: an empty list would abort everything
