@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from harness.transport.endpoints import PrivateIpcDir
 from harness.transport.sockets import make_socket
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest, EngineDead, ProtocolError
+from harness.wire import DEFAULT_CODEC, AddRequest, ProtocolError
 from harness.wire import messages as m
 from mock_engines import EngineGroup, EngineScript, MockEngineCore, default_ready, stream
 
@@ -243,32 +243,6 @@ DECODERS: dict[str, Callable[[Frames], Any]] = {
 }
 
 
-def _reencode(message: Any) -> Frames:
-    """Our encoder must be able to write anything our decoder accepted."""
-    if isinstance(message, AddRequest):
-        return C.encode_add(message.request)
-    if isinstance(message, AbortRequests):
-        return C.encode_abort(message.request_ids)
-    if isinstance(message, m.UtilityRequest):
-        return C.encode_utility(message.client_index, message.call_id, message.method,
-                                message.args)
-    if isinstance(message, m.StartDPWave):
-        return C.encode_start_dp_wave(message.wave, message.exclude_engine_index)
-    if isinstance(message, m.EngineCoreOutputs):
-        return C.encode_outputs(message)
-    if isinstance(message, EngineDead):
-        return C.encode_engine_dead()
-    if message is None or isinstance(message, m.EngineCoreReadyResponse):
-        return [C.encode_ready(message)]
-    if isinstance(message, m.HandshakeReady):
-        return [C.encode_hello(message.local, message.headless)]
-    if isinstance(message, m.EngineHandshakeMetadata):
-        return [C.encode_init(message)]
-    if isinstance(message, m.DPStatsUpdate):
-        return [C.encode_dp_stats(message)]
-    raise AssertionError(f"decoder returned an unexpected type {type(message).__name__}")
-
-
 def feed_all(frames: Frames) -> int:
     """Feed `frames` to every decoder; only ProtocolError may escape. Returns #rejections."""
     rejected = 0
@@ -279,7 +253,7 @@ def feed_all(frames: Frames) -> int:
             assert exc.kind and isinstance(exc.frames, tuple), name
             rejected += 1
             continue
-        for out in _reencode(message):
+        for out in C.encode_message(message):
             assert isinstance(out, bytes)
     return rejected
 

@@ -209,6 +209,41 @@ class WireCodec:
             return None
         return self._decode(self._dec_ready, [payload], "ready_payload")
 
+    # ------------------------------------------------------------ any message
+
+    def encode_message(self, message: object) -> list[bytes]:
+        """The frames of any message a decoder of this codec returns (the inverse of the
+        decoders: golden vectors and fuzzing re-encode what they decoded)."""
+        if isinstance(message, AddRequest):
+            return self.encode_add(message.request)
+        if isinstance(message, AbortRequests):
+            return self.encode_abort(message.request_ids)
+        if isinstance(message, m.UtilityRequest):
+            return self.encode_utility(message.client_index, message.call_id, message.method,
+                                       message.args)
+        if isinstance(message, m.StartDPWave):
+            return self.encode_start_dp_wave(message.wave, message.exclude_engine_index)
+        if isinstance(message, m.EngineCoreOutputs):
+            return self.encode_outputs(message)
+        if isinstance(message, EngineDead):
+            return self.encode_engine_dead()
+        if message is None or isinstance(message, m.EngineCoreReadyResponse):
+            return [self.encode_ready(message)]
+        if isinstance(message, m.HandshakeReady):
+            if message.status == "HELLO":
+                return [self.encode_hello(message.local, message.headless)]
+            return [self.encode_handshake_ready(  # vLLM adds the optional keys in this order
+                message.local, message.headless,
+                parallel_config_hash=message.parallel_config_hash,
+                coord_store_port=message.coord_store_port,
+                elastic_ep_max_dp_size=message.elastic_ep_max_dp_size,
+                num_redundant_experts=message.num_redundant_experts)]
+        if isinstance(message, m.EngineHandshakeMetadata):
+            return [self.encode_init(message)]
+        if isinstance(message, m.DPStatsUpdate):
+            return [self.encode_dp_stats(message)]
+        raise TypeError(f"no encoder for {type(message).__name__}")
+
     # --------------------------------------------------------------- handshake
 
     def encode_hello(self, local: bool, headless: bool) -> bytes:
