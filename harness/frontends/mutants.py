@@ -420,6 +420,10 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            SchedulerStatsFatal),
     Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
            ReadyForbidsUnknownKeys),
+    # -- abort (cores in mutants_abort.py) --
+    # -- dp, ready, handshake (cores in mutants_dp.py) --
+    # -- streaming, failure (cores in mutants_streaming.py) --
+    # -- utility (cores in mutants_utility.py) --
 ]}
 
 
