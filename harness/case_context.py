@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -172,13 +173,25 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     return result
 
 
+def transcript_file_name(case_id: str, frontend: str) -> str:
+    """A file name for any frontend spec (`subprocess:./drv --x` has slashes and spaces)."""
+    safe = re.sub(r"[^A-Za-z0-9_.:@=+-]+", "_", frontend).strip("_.") or "frontend"
+    return f"{case_id}[{safe[:80]}].json"
+
+
 def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | None) -> None:
-    records = group.transcript.snapshot()
-    full = group.transcript.to_json(records)
-    result.evidence.transcript = full[-EXCERPT_RECORDS:]
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{result.case_id}[{result.frontend}].json")
-        with open(path, "w") as fh:
-            json.dump(full, fh, indent=1)
-        result.evidence.transcript_file = path
+    """Attach the excerpt and write the full transcript; a failure here is noted on the
+    verdict, never allowed to lose it."""
+    try:
+        records = group.transcript.snapshot()
+        full = group.transcript.to_json(records)
+        result.evidence.transcript = full[-EXCERPT_RECORDS:]
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, transcript_file_name(result.case_id,
+                                                                result.frontend))
+            with open(path, "w") as fh:
+                json.dump(full, fh, indent=1)
+            result.evidence.transcript_file = path
+    except Exception as exc:  # reported on the verdict, never raised
+        result.evidence.notes.append(f"transcript not written: {type(exc).__name__}: {exc}")

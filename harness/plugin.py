@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from harness.baseline import Baseline, BaselineError, apply_baseline
-from harness.frontends.registry import make_driver
+from harness.frontends.registry import check_spec, make_driver
 from harness.verdicts import AREAS, CaseResult, CaseSpec, Verdict
 
 PROPERTY = "corewire_result"
@@ -45,6 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{area}: conformance cases of area {area}")
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
+    _check_usage(config)
     if config.getoption("timescale"):
         os.environ["COREWIRE_TIMESCALE"] = str(config.getoption("timescale"))
     path = config.getoption("baseline")
@@ -59,6 +60,21 @@ def pytest_configure(config: pytest.Config) -> None:
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._corewire_baseline = baseline  # type: ignore[attr-defined]
+
+
+def _check_usage(config: pytest.Config) -> None:
+    """Bad options are one clear usage error (exit 4) before any case runs."""
+    for spec in config.getoption("frontend"):
+        try:
+            check_spec(spec)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    timescale = config.getoption("timescale")
+    if timescale is not None and not timescale > 0:
+        raise pytest.UsageError(f"--timescale must be a positive factor, got {timescale}")
+    path = config.getoption("baseline")
+    if path and not os.path.exists(path) and not config.getoption("update_baseline"):
+        raise pytest.UsageError(f"--baseline {path}: no such file")
 
 
 def _filtered(config: pytest.Config) -> bool:
@@ -111,9 +127,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     config = pyfuncitem.config
     frontend: str = pyfuncitem.corewire_frontend  # type: ignore[attr-defined]
     report_dir = config.getoption("report_dir")
-    driver = make_driver(frontend)
-    result = asyncio.run(run_case(spec, pyfuncitem.obj, driver,
-                                  os.path.join(report_dir, "transcripts")))
+    try:
+        driver = make_driver(frontend)
+        result = asyncio.run(run_case(spec, pyfuncitem.obj, driver,
+                                      os.path.join(report_dir, "transcripts")))
+    except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
+        result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
+                            spec.requirement, Verdict.ERROR,
+                            f"harness fault: {type(exc).__name__}: {exc}", 0.0)
     baseline: Baseline | None = config._corewire_baseline  # type: ignore[attr-defined]
     outcome = apply_baseline(result, baseline)
     pyfuncitem.corewire_result = json.dumps(result.to_json())  # type: ignore[attr-defined]

@@ -10,6 +10,36 @@ from harness.frontends.driver import FrontendDriver
 REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
 
+KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
+PREFIXES = ("subprocess:", "mutant:", "kv:")
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a frontend spec before any case runs (cheap: imports no frontend).
+
+    Raises ValueError with the one line a user needs to fix the command.
+    """
+    if spec in KNOWN:
+        return
+    prefix = next((p for p in PREFIXES if spec.startswith(p)), None)
+    rest = spec[len(prefix):].strip() if prefix else ""
+    if prefix is None:
+        raise ValueError(f"unknown frontend {spec!r}: use {', '.join(KNOWN)}, "
+                         f"subprocess:'CMD' or mutant:NAME")
+    if not rest:
+        raise ValueError(f"frontend {spec!r} names nothing after {prefix!r}")
+    if prefix == "subprocess:":
+        try:
+            shlex.split(rest)
+        except ValueError as exc:
+            raise ValueError(f"frontend {spec!r}: cannot split the command ({exc})") from None
+    if prefix == "mutant:":
+        from harness.frontends.mutants import MUTANTS
+
+        if rest not in MUTANTS:
+            raise ValueError(f"unknown mutant {rest!r}; known: {', '.join(sorted(MUTANTS))}")
+
+
 def make_driver(spec: str) -> FrontendDriver:
     """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-py`, `subprocess:CMD`,
     `mutant:NAME`."""

@@ -1,0 +1,75 @@
+"""Bad input is one clear usage error before any case runs; a harness fault in one case is
+that case's ERROR, never a lost row (issue: no verdict lost, no process leaked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.case_context import transcript_file_name
+from harness.frontends.registry import check_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pytest(tmp: Path, *args: str, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-p",
+            "no:cacheprovider", "--report-dir", str(tmp), *args]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--frontend", "nosuch"], "unknown frontend 'nosuch'"),
+    (["--frontend", "mutant:nosuch"], "unknown mutant 'nosuch'"),
+    (["--frontend", "subprocess:"], "names nothing"),
+    (["--timescale", "-1"], "--timescale must be a positive factor"),
+    (["--timescale", "0"], "--timescale must be a positive factor"),
+    (["--baseline", "no/such/baseline.json"], "no such file"),
+])
+def test_usage_errors_exit_4_with_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    proc = run_pytest(tmp_path, "-k", "abort.drop.single", *args)
+    assert proc.returncode == 4, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert says in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "results.json").exists()  # nothing ran
+
+
+def test_check_spec_accepts_every_documented_form() -> None:
+    for spec in ("reference", "reference-subprocess", "vllm-rs", "vllm-py",
+                 "subprocess:./my-driver --verbose", "mutant:duplicate_abort"):
+        check_spec(spec)
+
+
+def test_transcript_file_names_survive_any_frontend_spec() -> None:
+    name = transcript_file_name("abort.drop.single", "subprocess:./.venv/bin/python -m x")
+    assert "/" not in name and " " not in name
+    assert name.startswith("abort.drop.single[") and name.endswith("].json")
+
+
+def test_slash_in_subprocess_command_keeps_every_verdict(tmp_path: Path) -> None:
+    """The README's own `subprocess:./my-driver` form: a crashing driver's ERROR verdicts
+    reach results.json with their transcripts (they used to vanish: FileNotFoundError)."""
+    python = os.path.relpath(sys.executable, ROOT)
+    if not python.startswith("."):
+        python = "./" + python
+    frontend = f"subprocess:{python} -m harness.frontends.driver_main"
+    proc = run_pytest(tmp_path, "-k", "streaming", "--frontend", frontend,
+                      env={"COREWIRE_DRIVER_FAULT": "crash_on:generate"})
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr
+    records = json.loads((tmp_path / "results.json").read_text())["results"]
+    collected = [line for line in proc.stdout.splitlines() if "streaming." in line]
+    assert records and all(r["frontend"] == frontend for r in records)
+    graded = {r["verdict"] for r in records}
+    assert graded <= {"ERROR", "PASS", "UNSUPPORTED", "NON-STRICT", "INFO", "FAIL"}
+    assert "ERROR" in graded or "FAIL" in graded, collected[:5]
+    for r in records:
+        if r["verdict"] != "PASS" and r["evidence"]["transcript_file"]:
+            assert Path(r["evidence"]["transcript_file"]).exists()
