@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test compliance mutants venv venv-vllm chromium lint clean
+.PHONY: conformance test compliance coverage mutants venv venv-vllm chromium lint clean
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -55,6 +55,11 @@ compliance: $(VLLM_STAMP)
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/compliance
 	$(BIN)/corewire compliance reports/compliance/results.json \
 	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md
+
+# Regenerate docs/coverage.md: vLLM 0.33.0's own client tests -> the cases covering them
+# (fixtures/coverage/vllm-0.33.0.json + the case specs; no vLLM, no network).
+coverage: $(CORE_STAMP)
+	$(BIN)/python scripts/gen_coverage.py
 
 # The mutant kill matrix on its own (it also runs inside make test).
 mutants: $(CORE_STAMP)

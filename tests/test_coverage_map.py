@@ -1,0 +1,125 @@
+"""The vLLM-test coverage map stays complete, truthful and in sync with docs/coverage.md.
+
+Fast and offline: the upstream test names are checked-in lists (fixtures/coverage/
+upstream-0.33.0/), the cases are read from the conformance modules. `wanted` entries are
+proposals and are not required to exist (the lead decides which become cases).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from harness.verdicts import AREAS, CASE_ID
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_coverage",
+                                                  ROOT / "scripts" / "gen_coverage.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_generator()
+
+
+@pytest.fixture(scope="module")
+def cmap() -> Any:
+    return gen.load_map()
+
+
+@pytest.fixture(scope="module")
+def levels() -> dict[str, str]:
+    return dict(gen.collect_case_levels())
+
+
+def test_every_upstream_name_is_mapped_exactly_once(cmap: Any) -> None:
+    for upstream in cmap.files:
+        names = upstream.names(cmap.base)
+        assert len(names) == len(set(names)), f"{upstream.names_file} lists a name twice"
+        mapped = Counter(t.name for t in cmap.tests_of(upstream.key))
+        twice = sorted(n for n, k in mapped.items() if k > 1)
+        assert not twice, f"{upstream.path}: mapped more than once: {twice}"
+        missing = sorted(set(names) - set(mapped))
+        assert not missing, f"{upstream.path}: upstream tests missing from the map: {missing}"
+        extra = sorted(set(mapped) - set(names))
+        assert not extra, f"{upstream.path}: mapped tests not in {upstream.names_file}: {extra}"
+
+
+def test_rust_list_is_the_whole_0_33_0_file(cmap: Any) -> None:
+    rust = next(f for f in cmap.files if f.key == "rust")
+    names = rust.names(cmap.base)
+    assert len(names) == 36
+    assert names[-1].endswith("_sends_no_wakeup")
+    assert "wake_up_requires_every_engine_to_be_fully_awake" in names
+
+
+def test_every_named_case_exists(cmap: Any, levels: dict[str, str]) -> None:
+    unknown = sorted({(t.name, c) for t in cmap.tests
+                      for c in t.cases if c not in levels})
+    assert not unknown, f"the map names cases that are not collected: {unknown}"
+
+
+def test_every_entry_has_cases_or_a_reason(cmap: Any) -> None:
+    for t in cmap.tests:
+        assert t.checks.strip(), f"{t.name}: say what it checks"
+        if not t.observable:
+            assert not t.cases, f"{t.name}: not observable but claims cases {t.cases}"
+            assert t.reason.strip(), f"{t.name}: not observable needs a reason"
+        elif not t.cases:
+            assert t.reason.strip(), f"{t.name}: observable, no case: say why (reason)"
+        if t.wanted:
+            assert t.observable, f"{t.name}: 'wanted' only makes sense for observable tests"
+
+
+def test_wanted_ids_are_well_formed(cmap: Any) -> None:
+    for t in cmap.tests:
+        for w in t.wanted:
+            assert CASE_ID.match(w.case_id) and w.case_id.split(".")[0] in AREAS, \
+                f"{t.name}: wanted id {w.case_id!r} is not <area>.<topic>.<case>"
+            assert w.requirement.strip(), f"{t.name}: wanted {w.case_id} needs a requirement"
+
+
+def test_same_wanted_id_means_the_same_case(cmap: Any) -> None:
+    seen: dict[str, tuple[str, str]] = {}
+    for t in cmap.tests:
+        for w in t.wanted:
+            first = seen.setdefault(w.case_id, (w.level, w.requirement))
+            assert first == (w.level, w.requirement), \
+                f"wanted {w.case_id} is described two ways: {first} vs {(w.level, w.requirement)}"
+
+
+def test_summary_counts_add_up(cmap: Any, levels: dict[str, str]) -> None:
+    text = gen.render(cmap, levels)
+    for upstream in cmap.files:
+        line = next(x for x in text.splitlines() if x.startswith(f"- {upstream.title}:"))
+        covered, total, hidden, open_ = _counts(line)
+        assert total == len(cmap.tests_of(upstream.key)), line
+        assert covered + hidden + open_ == total, line
+
+
+def _counts(line: str) -> tuple[int, int, int, int]:
+    """(covered, total, not observable, open) from a summary line."""
+    match = re.search(r"\*\*(\d+) of (\d+)\*\*.*\*\*(\d+)\*\* not observable.*"
+                      r"\*\*(\d+)\*\* open", line)
+    assert match is not None, f"summary line has an unexpected shape: {line}"
+    covered, total, hidden, open_ = (int(g) for g in match.groups())
+    return covered, total, hidden, open_
+
+
+def test_docs_coverage_md_is_up_to_date(cmap: Any, levels: dict[str, str]) -> None:
+    current = (ROOT / "docs" / "coverage.md").read_text(encoding="utf-8")
+    assert current == gen.render(cmap, levels), \
+        "docs/coverage.md is stale: run `make coverage` (scripts/gen_coverage.py)"
