@@ -326,7 +326,7 @@ class ECSchedulerRig:
         parts = []
         for s in self.steps:
             polls = [(p.num_computed_tokens, p.answer) for p in s.polls if p.req_id == req_id]
+            entries = sorted(s.encoder_entries.get(req_id, ()))
             parts.append(f"step {s.index}: {s.scheduled(req_id)} tok, "
-                         f"{s.kv_blocks.get(req_id, 0)} blk, enc {sorted(s.encoder_entries.get(req_id, ()))}, "
-                         f"polls {polls}")
+                         f"{s.kv_blocks.get(req_id, 0)} blk, enc {entries}, polls {polls}")
         return f"{req_id}: " + "; ".join(parts)

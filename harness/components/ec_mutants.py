@@ -13,6 +13,7 @@ from collections.abc import Callable
 from harness.components.ec_contract import (
     ECScheduler,
     FakeECConnector,
+    SchedulerFactory,
     SchedulerShape,
 )
 from harness.components.ec_reference import ReferenceECScheduler, RequestState, StepDraft
@@ -132,9 +133,14 @@ MUTANTS: dict[str, Callable[[FakeECConnector, SchedulerShape], ReferenceECSchedu
 }
 
 
-def ec_mutant_factory(name: str) -> Callable[[FakeECConnector, SchedulerShape], ECScheduler]:
+def ec_mutant_factory(name: str) -> SchedulerFactory:
     try:
-        return MUTANTS[name]
+        cls = MUTANTS[name]
     except KeyError:
         raise ValueError(f"unknown EC scheduler mutant {name!r}; known: "
                          f"{', '.join(sorted(MUTANTS))}") from None
+
+    def factory(connector: FakeECConnector, shape: SchedulerShape) -> ECScheduler:
+        return cls(connector, shape)
+
+    return factory

@@ -18,8 +18,8 @@ from harness.components.ec_contract import (
     ECRequest,
     ECScheduler,
     FakeECConnector,
-    SchedulerShape,
     ScheduledStep,
+    SchedulerShape,
 )
 
 

@@ -32,8 +32,8 @@ from harness.components.ec_contract import (
     ECRequest,
     ECScheduler,
     FakeECConnector,
-    SchedulerShape,
     ScheduledStep,
+    SchedulerShape,
 )
 
 MAX_MODEL_LEN = 256
