@@ -96,9 +96,9 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
     items: list[pytest.Item] = []
     frontends = _frontends(collector.config)
     if spec.area == "components":  # they test a component, not a frontend: run once
-        from harness.components import kv_worker_name
+        from harness.components import component_label
 
-        frontends = [f"kv:{kv_worker_name()}"]
+        frontends = [component_label(spec.case_id)]
     for frontend in frontends:
         item = pytest.Function.from_parent(collector, name=f"{spec.case_id}[{frontend}]",
                                            callobj=obj,

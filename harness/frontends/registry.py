@@ -63,7 +63,7 @@ def make_driver(spec: str) -> FrontendDriver:
         from harness.frontends.vllm_py import VllmPyDriver
 
         return VllmPyDriver()
-    if spec.startswith("kv:"):  # component cases: no frontend involved
+    if spec.startswith(("kv:", "ec:")):  # component cases: no frontend involved
         from harness.frontends.no_frontend import NoFrontend
 
         return NoFrontend(spec)
