@@ -22,7 +22,8 @@ engines):
   engines' answer, so this is a typed surface for utility-aggregation cases of that method.
 * `Abort` (`AbortRequest.request_ids = 1`): takes the external ids (`cmpl-X`) like
   `POST /abort_requests`; an engine-facing id (`cmpl-X-<8 hex>`) and unknown ids abort
-  nothing. Nothing new.
+  nothing. One difference: an empty list aborts nothing here, while an empty list over HTTP
+  aborts every request the frontend tracks (two live requests stayed live).
 * `PauseGeneration`: sends utility `pause_generation` with args `["abort", true]` to the
   engines (an empty request and one with field 1 = true sent the same args). HTTP `/pause`
   exists too; not used by any case yet.
