@@ -16,7 +16,8 @@ goes through the frontend's own HTTP surface, exactly as a client sees it:
 * `GET /is_sleeping`, `POST /reset_prefix_cache?reset_running_requests=..&reset_external=..`
   (dev routes, VLLM_SERVER_DEV_MODE=1).
 * `GET /v1/models` reports `max_model_len`; block_size and num_gpu_blocks are exposed nowhere
-  (not in /metrics, /server_info or /v1/models), so those capabilities are not declared.
+  over HTTP (not in /metrics, /server_info or /v1/models). They are read from the gRPC Control
+  service instead (`--grpc-listen-fd`, `GetServerInfo`; see vllm_rs_control.py).
 
 The HTTP client is a small hand-written asyncio HTTP/1.1 client (one connection per request,
 `Connection: close`, chunked or sized bodies): no dependency, and a dropped stream is simply
@@ -54,6 +55,7 @@ from harness.frontends.driver import (
     StartupError,
     StreamHandle,
 )
+from harness.frontends.vllm_rs_control import ControlClient
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import tiny_model_dir, vllm_rs_binary
@@ -245,14 +247,16 @@ class VllmRsDriver(FrontendDriver):
         Capability.DP_RANK,  # X-data-parallel-rank header
         Capability.STOP_STRINGS,
         Capability.MAX_MODEL_LEN,  # /v1/models
+        Capability.BLOCK_SIZE,  # gRPC Control GetServerInfo kv_block_size
+        Capability.NUM_GPU_BLOCKS,  # gRPC Control GetServerInfo total_kv_blocks
         Capability.REQUEST_ERRORS,  # SSE error event
         Capability.ENGINE_DEATH,  # surfaces as stream errors / HTTP errors
-        # Not BLOCK_SIZE / NUM_GPU_BLOCKS: no HTTP route exposes them.
     })
 
     def __init__(self, extra_args: dict[str, Any] | None = None) -> None:
         self.extra_args = dict(extra_args or {})
         self.port: int | None = None
+        self.control: ControlClient | None = None  # the gRPC Control service, once started
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: str | None = None
         self._saved_log = ""  # the log tail, kept past shutdown (diagnostics come after it)
@@ -266,7 +270,7 @@ class VllmRsDriver(FrontendDriver):
     # ------------------------------------------------------------------ process
 
     def command(self, in_fd: int, out_fd: int, http_fd: int, group: EngineGroup,
-                ready_timeout: int) -> list[str]:
+                ready_timeout: int, grpc_fd: int | None = None) -> list[str]:
         """The exact command line (also what the report quotes)."""
         ranks = [e.rank for e in group.engines]
         start = min(ranks)
@@ -276,6 +280,8 @@ class VllmRsDriver(FrontendDriver):
                "--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd),
                "--engine-start-index", str(start), "--engine-count", str(len(ranks)),
                "--data-parallel-size", str(start + len(ranks))]
+        if grpc_fd is not None:  # the Control service (see vllm_rs_control.py)
+            cmd += ["--grpc-listen-fd", str(grpc_fd)]
         if group.stats_address is not None:
             cmd += ["--coordinator-address", group.stats_address]
         return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
@@ -285,15 +291,18 @@ class VllmRsDriver(FrontendDriver):
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")
         inp, out, http = _unix_listener(in_path), _unix_listener(out_path), _tcp_listener()
-        self._listeners = [inp, out, http]
+        grpc = _tcp_listener()
+        self._listeners = [inp, out, http, grpc]
         self.port = http.getsockname()[1]
-        fds = [inp.fileno(), out.fileno(), http.fileno()]
+        self.control = ControlClient(grpc.getsockname()[1])
+        fds = [inp.fileno(), out.fileno(), http.fileno(), grpc.fileno()]
         for fd in fds:
             os.set_inheritable(fd, True)
         # Let the binary's own registration timeout fire just before ours, so its reason
         # ("engine input registration timed out after Ns") is in the log we attach.
         ready_timeout = max(1, math.floor(timeout - 0.5))
-        cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout)
+        cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout,
+                           grpc.fileno())
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
         env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
                "NO_COLOR": "1"}
@@ -537,7 +546,11 @@ class VllmRsDriver(FrontendDriver):
         models = answer.get("data") if isinstance(answer, dict) else None
         lens = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
         max_len = next((v for v in lens if isinstance(v, int)), None)
-        return ObservedConfig(max_model_len=max_len)
+        if self.control is None:
+            raise RuntimeError("vllm-rs driver is not started")
+        info = await self.control.server_info()
+        return ObservedConfig(max_model_len=max_len, block_size=info.kv_block_size,
+                              num_gpu_blocks=info.total_kv_blocks)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -561,6 +574,9 @@ class VllmRsDriver(FrontendDriver):
             await _terminate(proc)
             _LIVE.discard(proc)
         self._close_listeners()
+        if self.control is not None:
+            self.control.close()
+            self.control = None
         if self._ipc is not None:
             self._saved_log = self._log_tail(DIAGNOSTIC_LOG_LINES)
             self._ipc.cleanup()

@@ -19,10 +19,11 @@ import pytest
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import FrontendError, StartupError
 from harness.frontends.vllm_rs import VllmRsDriver
+from harness.frontends.vllm_rs_control import ControlError
 from harness.timing import scaled
 from harness.vllm_dist import VllmArtifactError, vllm_rs_binary
 from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript, UtilityReply, any_request
+from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
 from tests.vllm_lane.driving import run_driver, scripts, wait_for
 
 pytestmark = pytest.mark.vllm
@@ -58,10 +59,66 @@ def test_registers_and_streams(n: int) -> None:
             found = request_for(group, p)
             assert found is not None and found[0] == rank
         cfg = await driver.observed_config()
-        assert cfg.max_model_len == 1024
-        assert cfg.block_size is None and cfg.num_gpu_blocks is None
+        assert cfg.max_model_len == 1024  # default_ready's values: 1024, block_size 16,
+        assert cfg.block_size == 16  # 1000 blocks per engine
+        assert cfg.num_gpu_blocks == 1000 * n
 
     run(scripts(n), body)
+
+
+def test_control_server_info_follows_ready_responses() -> None:
+    """GetServerInfo: min max_model_len, engine block_size, summed blocks; HTTP agrees."""
+    async def body(driver: VllmRsDriver, group: EngineGroup) -> None:
+        assert driver.control is not None
+        info = await driver.control.server_info()
+        assert info.version == "0.33.0"
+        assert (info.max_model_len, info.kv_block_size, info.total_kv_blocks) == (900, 32, 350)
+        cfg = await driver.observed_config()  # max_model_len from /v1/models, the rest gRPC
+        assert (cfg.max_model_len, cfg.block_size, cfg.num_gpu_blocks) == (900, 32, 350)
+
+    run([EngineScript(ready=default_ready(0, 2, max_model_len=1000, block_size=32,
+                                          num_gpu_blocks=100)),
+         EngineScript(ready=default_ready(1, 2, max_model_len=900, block_size=32,
+                                          num_gpu_blocks=250))], body)
+
+
+@pytest.mark.parametrize(("sleeping", "versions"), [
+    ((True, True), ("v7", "v7")), ((False,), ("v1",)), ((True, False), ("a", "b")),
+])
+def test_control_utilities_aggregate_like_http(sleeping: tuple[bool, ...],
+                                               versions: tuple[str, ...]) -> None:
+    """IsSleeping / GetWeightVersion fan out to every engine; disagreement is INTERNAL."""
+    async def body(driver: VllmRsDriver, group: EngineGroup) -> None:
+        assert driver.control is not None
+        if len(set(sleeping)) > 1:
+            with pytest.raises(ControlError, match="(?i)inconsistent") as err:
+                await driver.control.is_sleeping()
+            assert err.value.code == "INTERNAL"
+            with pytest.raises(FrontendError, match="(?i)inconsistent"):
+                await driver.is_sleeping()  # HTTP refuses the same way
+            with pytest.raises(ControlError, match="(?i)inconsistent"):
+                await driver.control.weight_version()
+        else:
+            assert await driver.control.is_sleeping() is sleeping[0]
+            assert await driver.is_sleeping() is sleeping[0]
+            assert await driver.control.weight_version() == versions[0]
+        calls = group.transcript.utility_calls
+        assert sorted(c.rank for c in calls("get_weight_version")) == list(range(len(versions)))
+
+    run([EngineScript(utilities={"is_sleeping": UtilityReply(s),
+                                 "get_weight_version": UtilityReply(v)})
+         for s, v in zip(sleeping, versions, strict=True)], body)
+
+
+def test_control_calls_fail_typed_after_the_frontend_dies() -> None:
+    async def body(driver: VllmRsDriver, group: EngineGroup) -> None:
+        assert driver.proc is not None and driver.control is not None
+        driver.proc.kill()
+        await asyncio.to_thread(driver.proc.wait, 5)
+        with pytest.raises(ControlError, match="UNAVAILABLE"):
+            await asyncio.wait_for(driver.control.server_info(), 10)
+
+    run(scripts(1), body)
 
 
 def test_stop_string_ends_stream() -> None:
