@@ -11,24 +11,16 @@ the suite also runs against vLLM's own Scheduler (the `vllm` adapter), which mus
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 
 import conformance.components.test_ec_deferral as suite
-from harness.case_context import run_case
 from harness.components import ENV_EC_SCHEDULER
 from harness.components.ec_mutants import MUTANTS
-from harness.frontends.no_frontend import NoFrontend
-from harness.verdicts import CaseFn, CaseResult, CaseSpec, Verdict
-
-CASES: list[tuple[CaseSpec, CaseFn]] = sorted(
-    ((fn.__corewire_case__, fn) for fn in vars(suite).values()
-     if hasattr(fn, "__corewire_case__")),
-    key=lambda item: item[0].case_id)
+from harness.verdicts import Verdict
+from tests.component_selftest import ComponentSuite, Matrix, problems
 
 # The case written to catch each mutant (more may catch it too).
 DESIGNED_FOR = {
@@ -43,38 +35,14 @@ DESIGNED_FOR = {
     "gates_only_admission": "running_request_gated",
     "gates_text_only": "text_only_never_gated",
 }
-CAUGHT = (Verdict.FAIL, Verdict.TIMEOUT)
-
-
-def run_suite(scheduler: str, cases: Sequence[tuple[CaseSpec, CaseFn]] = CASES
-              ) -> dict[str, CaseResult]:
-    """{case id: result} of running `cases` against the scheduler named `scheduler`."""
-    previous = os.environ.get(ENV_EC_SCHEDULER)
-    os.environ[ENV_EC_SCHEDULER] = scheduler
-    try:
-        return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none")))
-                for spec, fn in cases}
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_EC_SCHEDULER, None)
-        else:
-            os.environ[ENV_EC_SCHEDULER] = previous
-
-
-def _short(case_id: str) -> str:
-    return case_id.rsplit(".", 1)[1]
-
-
-def _problems(results: dict[str, CaseResult]) -> str:
-    return "\n".join(f"{r.verdict.value} {r.case_id}: {r.message} {r.evidence.notes[-3:]}"
-                     for r in results.values() if r.verdict is not Verdict.PASS)
+SUITE = ComponentSuite(suite, ENV_EC_SCHEDULER, DESIGNED_FOR)
+CASES = SUITE.cases
 
 
 @pytest.fixture(scope="module")
-def matrix() -> Iterator[dict[str, dict[str, CaseResult]]]:
+def matrix() -> Iterator[Matrix]:
     """Every case against the reference and every mutant (computed once)."""
-    yield {name: run_suite(name if name == "reference" else f"mutant:{name}")
-           for name in ["reference", *MUTANTS]}
+    yield SUITE.matrix(MUTANTS)
 
 
 def test_suite_shape() -> None:
@@ -87,38 +55,21 @@ def test_suite_shape() -> None:
         {spec.case_id for spec, _ in CASES}
 
 
-def test_reference_passes_every_case(matrix: dict[str, dict[str, CaseResult]]) -> None:
+def test_reference_passes_every_case(matrix: Matrix) -> None:
     results = matrix["reference"]
-    assert all(r.verdict is Verdict.PASS for r in results.values()), _problems(results)
+    assert all(r.verdict is Verdict.PASS for r in results.values()), problems(results)
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_mutant_is_caught(mutant: str, matrix: dict[str, dict[str, CaseResult]]) -> None:
-    results = matrix[mutant]
-    errors = [r for r in results.values() if r.verdict is Verdict.ERROR]
-    assert not errors, f"harness errors, not verdicts:\n{_problems(results)}"
-    caught = {_short(cid) for cid, r in results.items() if r.verdict in CAUGHT}
-    assert caught, f"mutant {mutant} passes every case"
-    assert DESIGNED_FOR[mutant] in caught, f"{mutant} not caught by {DESIGNED_FOR[mutant]}; " \
-                                           f"caught by {sorted(caught)}"
+def test_mutant_is_caught(mutant: str, matrix: Matrix) -> None:
+    SUITE.check_mutant_caught(mutant, matrix)
 
 
-def test_print_catch_matrix(matrix: dict[str, dict[str, CaseResult]],
-                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Which case catches which mutant (x: FAIL, T: TIMEOUT, .: PASS); every case catches one."""
-    mark = {Verdict.FAIL: "x", Verdict.TIMEOUT: "T", Verdict.PASS: "."}
-    names = list(matrix)
-    width = max(len(_short(spec.case_id)) for spec, _ in CASES)
-    lines = ["", "EC scheduler catch matrix (columns: " +
-             ", ".join(f"{i}={n}" for i, n in enumerate(names)) + ")",
-             " " * width + "  " + " ".join(str(i) for i in range(len(names)))]
-    for spec, _ in CASES:
-        cells = [mark.get(matrix[n][spec.case_id].verdict, "?") for n in names]
-        lines.append(f"{_short(spec.case_id):<{width}}  " + " ".join(cells))
+def test_print_catch_matrix(matrix: Matrix, capsys: pytest.CaptureFixture[str]) -> None:
+    """Which case catches which mutant; every case catches one."""
+    text, idle = SUITE.catch_matrix("EC scheduler catch matrix", matrix)
     with capsys.disabled():
-        print("\n".join(lines))
-    idle = [spec.case_id for spec, _ in CASES
-            if not any(matrix[n][spec.case_id].verdict in CAUGHT for n in MUTANTS)]
+        print(text)
     assert not idle, f"cases that no mutant fails: {idle}"
 
 
@@ -138,8 +89,8 @@ def vllm_scheduler() -> None:
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_vllm_scheduler_passes_the_suite(vllm_scheduler: None) -> None:
-    results = run_suite("vllm")
-    assert all(r.verdict is Verdict.PASS for r in results.values()), _problems(results)
+    results = SUITE.run("vllm")
+    assert all(r.verdict is Verdict.PASS for r in results.values()), problems(results)
 
 
 @pytest.mark.vllm
@@ -153,5 +104,5 @@ def test_vllm_scheduler_without_the_gate_is_caught(vllm_scheduler: None,
     scheduler_cls = vllm_ec._vllm().scheduler.Scheduler
     monkeypatch.setattr(scheduler_cls, "_ec_transfer_pending", lambda *_a, **_k: False)
     wanted = "components.ec_deferral.staging_request_not_allocated_item_at_start"
-    result = run_suite("vllm", [(s, f) for s, f in CASES if s.case_id == wanted])[wanted]
+    result = SUITE.run("vllm", SUITE.only(wanted))[wanted]
     assert result.verdict is Verdict.FAIL, (result.verdict, result.message)

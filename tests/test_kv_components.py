@@ -11,26 +11,18 @@ also runs against vLLM's own NIXL worker (the `vllm-nixl` adapter).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import os
 import queue
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 
 import conformance.components.test_kv_failure_queues as suite
-from harness.case_context import run_case
 from harness.components import ENV_KV_WORKER, FakeTransport, RecvHooks
 from harness.components.kv_mutants import MUTANTS
-from harness.frontends.no_frontend import NoFrontend
 from harness.timing import timescale
-from harness.verdicts import CaseFn, CaseResult, CaseSpec, Verdict
-
-CASES: list[tuple[CaseSpec, CaseFn]] = sorted(
-    ((fn.__corewire_case__, fn) for fn in vars(suite).values()
-     if hasattr(fn, "__corewire_case__")),
-    key=lambda item: item[0].case_id)
+from harness.verdicts import Verdict
+from tests.component_selftest import ComponentSuite, Matrix, problems
 
 # The case written to catch each mutant (more may catch it too).
 DESIGNED_FOR = {
@@ -43,38 +35,14 @@ DESIGNED_FOR = {
     "drops_unreleasable_handles": "release_failure_retains_handle",
     "skips_neighbours": "successful_neighbours_post_processed",
 }
-CAUGHT = (Verdict.FAIL, Verdict.TIMEOUT)
-
-
-def run_suite(worker: str, cases: Sequence[tuple[CaseSpec, CaseFn]] = CASES
-              ) -> dict[str, CaseResult]:
-    """{case id: result} of running `cases` against the worker named `worker`."""
-    previous = os.environ.get(ENV_KV_WORKER)
-    os.environ[ENV_KV_WORKER] = worker
-    try:
-        return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none")))
-                for spec, fn in cases}
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_KV_WORKER, None)
-        else:
-            os.environ[ENV_KV_WORKER] = previous
-
-
-def _short(case_id: str) -> str:
-    return case_id.rsplit(".", 1)[1]
-
-
-def _problems(results: dict[str, CaseResult]) -> str:
-    return "\n".join(f"{r.verdict.value} {r.case_id}: {r.message} {r.evidence.notes[-3:]}"
-                     for r in results.values() if r.verdict is not Verdict.PASS)
+SUITE = ComponentSuite(suite, ENV_KV_WORKER, DESIGNED_FOR)
+CASES = SUITE.cases
 
 
 @pytest.fixture(scope="module")
-def matrix() -> Iterator[dict[str, dict[str, CaseResult]]]:
+def matrix() -> Iterator[Matrix]:
     """Every case against the reference and every mutant (computed once)."""
-    yield {name: run_suite(name if name == "reference" else f"mutant:{name}")
-           for name in ["reference", *MUTANTS]}
+    yield SUITE.matrix(MUTANTS)
 
 
 def test_suite_shape() -> None:
@@ -87,44 +55,28 @@ def test_suite_shape() -> None:
         {spec.case_id for spec, _ in CASES}
 
 
-def test_reference_passes_every_case(matrix: dict[str, dict[str, CaseResult]]) -> None:
+def test_reference_passes_every_case(matrix: Matrix) -> None:
     results = matrix["reference"]
-    assert all(r.verdict is Verdict.PASS for r in results.values()), _problems(results)
+    assert all(r.verdict is Verdict.PASS for r in results.values()), problems(results)
 
 
-def test_concurrent_case_runtime_is_bounded(matrix: dict[str, dict[str, CaseResult]]) -> None:
+def test_concurrent_case_runtime_is_bounded(matrix: Matrix) -> None:
     result = matrix["reference"]["components.kv_failure.concurrent_failure_mix"]
     # Bounded (the random mixes stop after 1.5 s), not fast: generous for loaded CI machines.
     assert result.duration < 10.0 * timescale(), result.evidence.notes
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_mutant_is_caught(mutant: str, matrix: dict[str, dict[str, CaseResult]]) -> None:
-    results = matrix[mutant]
-    errors = [r for r in results.values() if r.verdict is Verdict.ERROR]
-    assert not errors, f"harness errors, not verdicts:\n{_problems(results)}"
-    caught = {_short(cid) for cid, r in results.items() if r.verdict in CAUGHT}
-    assert caught, f"mutant {mutant} passes every case"
-    assert DESIGNED_FOR[mutant] in caught, f"{mutant} not caught by {DESIGNED_FOR[mutant]}; " \
-                                           f"caught by {sorted(caught)}"
+def test_mutant_is_caught(mutant: str, matrix: Matrix) -> None:
+    SUITE.check_mutant_caught(mutant, matrix)
 
 
-def test_print_catch_matrix(matrix: dict[str, dict[str, CaseResult]],
-                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Which case catches which mutant (x: FAIL, T: TIMEOUT, .: PASS)."""
-    mark = {Verdict.FAIL: "x", Verdict.TIMEOUT: "T", Verdict.PASS: "."}
-    names = list(matrix)
-    width = max(len(_short(spec.case_id)) for spec, _ in CASES)
-    lines = ["", "KV worker catch matrix (columns: " +
-             ", ".join(f"{i}={n}" for i, n in enumerate(names)) + ")",
-             " " * width + "  " + " ".join(str(i) for i in range(len(names)))]
-    for spec, _ in CASES:
-        cells = [mark.get(matrix[n][spec.case_id].verdict, "?") for n in names]
-        lines.append(f"{_short(spec.case_id):<{width}}  " + " ".join(cells))
+def test_print_catch_matrix(matrix: Matrix, capsys: pytest.CaptureFixture[str]) -> None:
+    """Which case catches which mutant; every case catches one."""
+    text, idle = SUITE.catch_matrix("KV worker catch matrix", matrix)
     with capsys.disabled():
-        print("\n".join(lines))
-    assert all(any(matrix[n][spec.case_id].verdict in CAUGHT for n in MUTANTS)
-               for spec, _ in CASES), "a case that no mutant fails"
+        print(text)
+    assert not idle, f"cases that no mutant fails: {idle}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,8 +95,8 @@ def vllm_nixl() -> None:
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_vllm_nixl_worker_passes_the_suite(vllm_nixl: None) -> None:
-    results = run_suite("vllm-nixl")
-    assert all(r.verdict is Verdict.PASS for r in results.values()), _problems(results)
+    results = SUITE.run("vllm-nixl")
+    assert all(r.verdict is Verdict.PASS for r in results.values()), problems(results)
 
 
 class _DiscardingQueue(queue.Queue[str]):
@@ -167,7 +119,6 @@ def test_vllm_nixl_with_lost_handoff_is_caught(vllm_nixl: None,
         self._worker._failed_recv_reqs = _DiscardingQueue()
 
     monkeypatch.setattr(adapter.VllmNixlWorker, "__init__", lossy)
-    case = [(s, f) for s, f in CASES
-            if s.case_id == "components.kv_failure.handshake_failure_reported_once"]
-    result = run_suite("vllm-nixl", case)["components.kv_failure.handshake_failure_reported_once"]
+    wanted = "components.kv_failure.handshake_failure_reported_once"
+    result = SUITE.run("vllm-nixl", SUITE.only(wanted))[wanted]
     assert result.verdict is Verdict.FAIL, (result.verdict, result.message)

@@ -189,7 +189,7 @@ async def scheduled_once_available(ctx: CaseContext) -> None:
                     expected=f"A scheduled with {a.num_tokens} tokens once img-a landed",
                     observed=rig.describe("A"))
         allocs = [(al.input_id, al.external) for al in step.allocs if al.req_id == "A"]
-        ctx.require(allocs == [(0, True)] and step.encoder_entries.get("A") == {0}
+        ctx.require(allocs == [(0, True)] and step.encoder_entries.get("A") == frozenset({0})
                     and not step.local_encoder_inputs.get("A"),
                     expected="img-a allocated once, loaded externally, not encoded locally",
                     observed=f"allocs (input, external) {allocs}, entries "
