@@ -28,6 +28,7 @@ class DriverProgram:
         self.frontend: ReferenceFrontend | None = None
         self.streams: dict[str, StreamHandle] = {}
         self.fault = os.environ.get("COREWIRE_DRIVER_FAULT", "")
+        self.tasks: dict[Any, asyncio.Task[None]] = {}  # command id -> its handler task
 
     def emit(self, message: dict[str, Any]) -> None:
         sys.stdout.buffer.write(encode_line(message))
@@ -66,9 +67,21 @@ class DriverProgram:
         except FrontendError as exc:
             self.emit({"id": cid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
             return
+        except asyncio.CancelledError:  # a `cancel` command: the harness gave up on it
+            self.emit({"id": cid, "ok": False, "cancelled": True, "error": "cancelled"})
+            return
         self.emit({"id": cid, "ok": True, **(value or {})})
         if cmd == "shutdown":
             raise SystemExit(0)
+
+    def track(self, cid: Any, task: asyncio.Task[None]) -> None:
+        """Remember the handler of command `cid` while it runs (for `cancel`)."""
+        self.tasks[cid] = task
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.tasks.pop(cid, None)
+
+        task.add_done_callback(forget)
 
     def fe(self) -> ReferenceFrontend:
         if self.frontend is None:
@@ -91,7 +104,9 @@ class DriverProgram:
     async def cmd_generate(self, msg: dict[str, Any]) -> dict[str, Any]:
         handle = await self.fe().generate(msg["prompt"], int(msg["max_tokens"]),
                                           data_parallel_rank=msg.get("data_parallel_rank"),
-                                          stop=msg.get("stop"))
+                                          stop=msg.get("stop"),
+                                          request_id=msg.get("request_id"),
+                                          params=msg.get("params"))
         sid = str(msg["stream"])
         self.streams[sid] = handle
         handle.observer = lambda event, fields: self.emit({"event": event, "stream": sid,
@@ -117,6 +132,18 @@ class DriverProgram:
     async def cmd_reset_prefix_cache(self, msg: dict[str, Any]) -> dict[str, Any]:
         return {"value": await self.fe().reset_prefix_cache(
             bool(msg.get("reset_running_requests")), bool(msg.get("reset_connector")))}
+
+    async def cmd_utility(self, msg: dict[str, Any]) -> dict[str, Any]:
+        value = await self.fe().call_utility(str(msg["method"]), list(msg.get("args") or []))
+        return {"value": sorted(value) if isinstance(value, (set, frozenset)) else value}
+
+    async def cmd_cancel(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Cancel the handler of command `target`; the frontend unregisters its waiter."""
+        task = self.tasks.get(msg.get("target"))
+        found = task is not None and not task.done()
+        if task is not None:
+            task.cancel()
+        return {"cancelled": found}
 
     async def cmd_observed_config(self, _msg: dict[str, Any]) -> dict[str, Any]:
         cfg = self.fe().core.config
@@ -155,6 +182,7 @@ async def main() -> int:
             task = asyncio.create_task(program.handle(message))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            program.track(message.get("id"), task)
     finally:
         if program.frontend is not None:
             await program.frontend.close()

@@ -8,7 +8,7 @@ and reports the kill matrix. Each mutant overrides one method of the reference c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,9 +298,11 @@ class EngineOneUnreachable(ReferenceFrontendCore):
 
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
         handle, (_identity, frames) = super().add_request(
-            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop)
+            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
+            request_id=request_id, params=params)
         return handle, (self.engines[min(self.engines)].identity, frames)
 
 
