@@ -186,11 +186,13 @@ disagree_weight_version = _consensus_disagree("get_weight_version", ["v1", "v1",
 
 
 @case("utility.is_scheduler_paused.agree_four", Level.MUST,
-      "With 4 engines that all report paused, is_scheduler_paused is true.", source=AGG,
-      needs=CALL)
+      "With 4 engines that all report paused, every engine is asked and "
+      "is_scheduler_paused is true.", source=AGG, needs=CALL)
 async def paused_agree_four(ctx: CaseContext) -> None:
     result = await _answer(ctx, "is_scheduler_paused", [True] * 4)
-    ctx.require(result is True, expected="true", observed=result)
+    asked = len(ctx.engines.transcript.utility_calls("is_scheduler_paused"))
+    ctx.require(result is True and asked == 4, expected="true, 4 engines asked",
+                observed=f"{result!r}, {asked} engine(s) asked")
 
 
 @case("utility.reset_prefix_cache.and_four_last_false", Level.MUST,
