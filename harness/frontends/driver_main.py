@@ -4,7 +4,10 @@ Run as `python -m harness.frontends.driver_main`. It proves the protocol end to 
 the template for ports: read commands from stdin, answer on stdout, log to stderr.
 
 COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
-`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`.
+`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
+`old_protocol` (a first-release program: none of the later capabilities, and a plain
+"unknown command" error for later commands), `plain_unknown:CMD` (every capability
+declared, but CMD answered with a plain "unknown command" error).
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ from typing import Any
 from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHandle
 from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.reference.frontend import ReferenceFrontend
+
+# What a first-release driver program declares (COREWIRE_DRIVER_FAULT=old_protocol).
+OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
+                    "dp_rank", "stop_strings", "max_model_len", "block_size",
+                    "num_gpu_blocks", "request_errors", "engine_death")
 
 
 def log(text: str) -> None:
@@ -54,9 +62,18 @@ class DriverProgram:
             return True
         return False
 
+    def _plain_unknown(self, cmd: str) -> bool:
+        """An older program's answer to a command it does not know (no `unsupported`)."""
+        kind, _, target = self.fault.partition(":")
+        return ((kind == "old_protocol" and cmd in ("utility", "cancel"))
+                or (kind == "plain_unknown" and target == cmd))
+
     async def handle(self, msg: dict[str, Any]) -> None:
         cid, cmd = msg.get("id"), str(msg.get("cmd"))
         if self._injected(cmd):
+            return
+        if self._plain_unknown(cmd):
+            self.emit({"id": cid, "ok": False, "error": f"unknown command {cmd!r}"})
             return
         try:
             value = await getattr(self, f"cmd_{cmd}")(msg)
@@ -96,7 +113,8 @@ class DriverProgram:
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]])
         self.frontend.bind(inputs, outputs)
         return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
-                "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}
+                "capabilities": list(OLD_CAPABILITIES) if self.fault == "old_protocol"
+                else sorted(c.value for c in ALL_CAPABILITIES)}
 
     async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:
         await self.fe().wait_ready(float(msg.get("timeout_s", 10.0)))
