@@ -80,9 +80,15 @@ class ReferenceFrontend:
                        data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
                        params: Mapping[str, Any] | None = None) -> StreamHandle:
+        # Only when set: wrapped cores (the stateful probe) keep the older signature.
+        options: dict[str, Any] = {}
+        if request_id is not None:
+            options["request_id"] = request_id
+        if params:
+            options["params"] = params
         handle, send = self.core.add_request(prompt, max_tokens,
                                              data_parallel_rank=data_parallel_rank, stop=stop,
-                                             request_id=request_id, params=params)
+                                             **options)
         await self._send([send])
         if self.first_output_deadline is not None:
             asyncio.get_running_loop().call_later(
