@@ -4,12 +4,13 @@ and every way a foreign driver program can misbehave."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from harness.case_context import CaseContext, run_case
 from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import FrontendDriver
+from harness.frontends.driver import Capability, FrontendDriver
 from harness.frontends.reference import ReferenceDriver
 from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
 from harness.frontends.subprocess_driver import SubprocessDriver
@@ -100,3 +101,41 @@ def test_driver_main_speaks_the_documented_protocol() -> None:
                           "error": "unknown command 'frobnicate'"}
     assert replies[3] == {"id": 3, "ok": True}
     assert proc.returncode == 0
+
+
+UTILITY_SPEC = CaseSpec("utility.compat.collective_rpc", Level.MUST, "compat", "tests",
+                        needs=[Capability.CALL_UTILITY])
+ID_SPEC = CaseSpec("utility.compat.request_id", Level.MUST, "compat", "tests",
+                   needs=[Capability.GENERATE])
+
+
+async def call_rpc(ctx: CaseContext) -> None:
+    await ctx.start([EngineScript(utilities={"collective_rpc": UtilityReply([r])})
+                     for r in ("a", "b")])
+    value = await ctx.driver.call_utility("collective_rpc", ["echo", None, [], {}])
+    ctx.require(value == ["a", "b"], expected="['a', 'b']", observed=value)
+
+
+async def chosen_id(ctx: CaseContext) -> None:
+    group = await ctx.start(1)
+    await (await ctx.driver.generate(prompt(1), 2, request_id="cw-mine")).wait(ctx.t(5))
+    ids = [r.request_id for r in group.transcript.adds()]
+    ctx.require(ids == ["cw-mine"], expected="['cw-mine']", observed=ids)
+
+
+@pytest.mark.parametrize(("fault", "fn", "spec", "verdict"), [
+    ("", call_rpc, UTILITY_SPEC, Verdict.PASS),
+    ("", chosen_id, ID_SPEC, Verdict.PASS),
+    # A first-release program declares none of the later capabilities: UNSUPPORTED.
+    ("old_protocol", call_rpc, UTILITY_SPEC, Verdict.UNSUPPORTED),
+    # ... and request_id is refused, never sent to a program that would ignore it.
+    ("old_protocol", chosen_id, ID_SPEC, Verdict.UNSUPPORTED),
+    # A program that declares call_utility but answers "unknown command": UNSUPPORTED.
+    ("plain_unknown:utility", call_rpc, UTILITY_SPEC, Verdict.UNSUPPORTED),
+])
+def test_new_operations_and_older_driver_programs(fault: str, fn: Any, spec: CaseSpec,
+                                                  verdict: Verdict) -> None:
+    driver = SubprocessDriver(REFERENCE_SUBPROCESS, name=f"compat:{fault or 'current'}",
+                              env={"COREWIRE_DRIVER_FAULT": fault})
+    result = asyncio.run(run_case(spec, fn, driver))
+    assert result.verdict is verdict, (result.message, result.evidence.notes)

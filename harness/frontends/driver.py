@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,14 @@ class Capability(str, enum.Enum):
     NUM_GPU_BLOCKS = "num_gpu_blocks"
     REQUEST_ERRORS = "request_errors"  # per-request ERROR surfaces as a stream error
     ENGINE_DEATH = "engine_death"  # ENGINE_CORE_DEAD surfaces as errors
+    # call_utility(method, args): engine utilities as the frontend exposes them to its
+    # users. A method that is not on the driver's surface raises UnsupportedOperation.
+    CALL_UTILITY = "call_utility"
+    # Cancelling the task awaiting call_utility reaches the frontend's own cancel path
+    # (in-process cancellation, a `cancel` command, a closed HTTP connection).
+    CANCEL_UTILITY = "cancel_utility"
+    CLIENT_REQUEST_ID = "client_request_id"  # generate(request_id=...) is honoured
+    PASS_THROUGH = "pass_through"  # generate(params=...) fields reach the frontend
 
 
 ALL_CAPABILITIES = frozenset(Capability)
@@ -49,6 +57,23 @@ class StartupError(FrontendError):
 
 class UnsupportedOperation(FrontendError):
     """The driver cannot perform this operation; cases turn it into UNSUPPORTED."""
+
+
+def check_generate_options(driver: str, request_id: str | None,
+                           params: Mapping[str, Any] | None, *, request_ids: bool,
+                           pass_through: Sequence[str]) -> None:
+    """Refuse (UnsupportedOperation) what a driver cannot honour instead of dropping it."""
+    if request_id is not None and not request_ids:
+        raise UnsupportedOperation(f"{driver}: client-chosen request ids are not supported")
+    unknown = sorted(set(params or {}) - set(pass_through))
+    if unknown:
+        raise UnsupportedOperation(f"{driver}: cannot pass through {unknown}")
+
+
+# Request fields a frontend must forward to the engine unchanged, by generate(params=...)
+# key. kv_transfer_params / ec_transfer_params travel in SamplingParams.extra_args
+# (vllm/v1/request.py:118-125); cache_salt is EngineCoreRequest field 7.
+PASS_THROUGH_FIELDS = ("kv_transfer_params", "ec_transfer_params", "cache_salt")
 
 
 @dataclass
@@ -126,8 +151,14 @@ class FrontendDriver(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
-        """Start one request; returns at once with a handle that fills as outputs arrive."""
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+        """Start one request; returns at once with a handle that fills as outputs arrive.
+
+        `request_id` is a client-chosen id (None: the driver picks a fresh one); `params`
+        holds pass-through fields (PASS_THROUGH_FIELDS). A driver that cannot honour
+        either raises UnsupportedOperation rather than silently dropping it.
+        """
 
     @abc.abstractmethod
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
@@ -145,6 +176,17 @@ class FrontendDriver(abc.ABC):
     async def reset_prefix_cache(self, reset_running_requests: bool = False,
                                  reset_connector: bool = False) -> bool:
         """The frontend's aggregated answer; raises FrontendError on failure."""
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        """Call engine utility `method` with wire `args` through the frontend's user surface.
+
+        Returns the frontend's aggregated answer; FrontendError when it fails or refuses
+        (an engine failure, engines disagreeing). Drivers without a general utility surface
+        raise UnsupportedOperation naming the method. Cancelling the awaiting task is the
+        client giving up on the call (Capability.CANCEL_UTILITY).
+        """
+        raise UnsupportedOperation(f"{self.name}: call_utility({method!r}) is not on this "
+                                   f"driver's surface")
 
     @abc.abstractmethod
     async def observed_config(self) -> ObservedConfig:

@@ -4,7 +4,10 @@ Run as `python -m harness.frontends.driver_main`. It proves the protocol end to 
 the template for ports: read commands from stdin, answer on stdout, log to stderr.
 
 COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
-`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`.
+`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
+`old_protocol` (a first-release program: none of the later capabilities, and a plain
+"unknown command" error for later commands), `plain_unknown:CMD` (every capability
+declared, but CMD answered with a plain "unknown command" error).
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHand
 from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.reference.frontend import ReferenceFrontend
 
+# What a first-release driver program declares (COREWIRE_DRIVER_FAULT=old_protocol).
+OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
+                    "dp_rank", "stop_strings", "max_model_len", "block_size",
+                    "num_gpu_blocks", "request_errors", "engine_death")
+
 
 def log(text: str) -> None:
     print(f"[driver_main] {text}", file=sys.stderr, flush=True)
@@ -28,6 +36,7 @@ class DriverProgram:
         self.frontend: ReferenceFrontend | None = None
         self.streams: dict[str, StreamHandle] = {}
         self.fault = os.environ.get("COREWIRE_DRIVER_FAULT", "")
+        self.tasks: dict[Any, asyncio.Task[None]] = {}  # command id -> its handler task
 
     def emit(self, message: dict[str, Any]) -> None:
         sys.stdout.buffer.write(encode_line(message))
@@ -53,9 +62,18 @@ class DriverProgram:
             return True
         return False
 
+    def _plain_unknown(self, cmd: str) -> bool:
+        """An older program's answer to a command it does not know (no `unsupported`)."""
+        kind, _, target = self.fault.partition(":")
+        return ((kind == "old_protocol" and cmd in ("utility", "cancel"))
+                or (kind == "plain_unknown" and target == cmd))
+
     async def handle(self, msg: dict[str, Any]) -> None:
         cid, cmd = msg.get("id"), str(msg.get("cmd"))
         if self._injected(cmd):
+            return
+        if self._plain_unknown(cmd):
+            self.emit({"id": cid, "ok": False, "error": f"unknown command {cmd!r}"})
             return
         try:
             value = await getattr(self, f"cmd_{cmd}")(msg)
@@ -66,9 +84,21 @@ class DriverProgram:
         except FrontendError as exc:
             self.emit({"id": cid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
             return
+        except asyncio.CancelledError:  # a `cancel` command: the harness gave up on it
+            self.emit({"id": cid, "ok": False, "cancelled": True, "error": "cancelled"})
+            return
         self.emit({"id": cid, "ok": True, **(value or {})})
         if cmd == "shutdown":
             raise SystemExit(0)
+
+    def track(self, cid: Any, task: asyncio.Task[None]) -> None:
+        """Remember the handler of command `cid` while it runs (for `cancel`)."""
+        self.tasks[cid] = task
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.tasks.pop(cid, None)
+
+        task.add_done_callback(forget)
 
     def fe(self) -> ReferenceFrontend:
         if self.frontend is None:
@@ -83,7 +113,8 @@ class DriverProgram:
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]])
         self.frontend.bind(inputs, outputs)
         return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
-                "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}
+                "capabilities": list(OLD_CAPABILITIES) if self.fault == "old_protocol"
+                else sorted(c.value for c in ALL_CAPABILITIES)}
 
     async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:
         await self.fe().wait_ready(float(msg.get("timeout_s", 10.0)))
@@ -91,7 +122,9 @@ class DriverProgram:
     async def cmd_generate(self, msg: dict[str, Any]) -> dict[str, Any]:
         handle = await self.fe().generate(msg["prompt"], int(msg["max_tokens"]),
                                           data_parallel_rank=msg.get("data_parallel_rank"),
-                                          stop=msg.get("stop"))
+                                          stop=msg.get("stop"),
+                                          request_id=msg.get("request_id"),
+                                          params=msg.get("params"))
         sid = str(msg["stream"])
         self.streams[sid] = handle
         handle.observer = lambda event, fields: self.emit({"event": event, "stream": sid,
@@ -117,6 +150,18 @@ class DriverProgram:
     async def cmd_reset_prefix_cache(self, msg: dict[str, Any]) -> dict[str, Any]:
         return {"value": await self.fe().reset_prefix_cache(
             bool(msg.get("reset_running_requests")), bool(msg.get("reset_connector")))}
+
+    async def cmd_utility(self, msg: dict[str, Any]) -> dict[str, Any]:
+        value = await self.fe().call_utility(str(msg["method"]), list(msg.get("args") or []))
+        return {"value": sorted(value) if isinstance(value, (set, frozenset)) else value}
+
+    async def cmd_cancel(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Cancel the handler of command `target`; the frontend unregisters its waiter."""
+        task = self.tasks.get(msg.get("target"))
+        found = task is not None and not task.done()
+        if task is not None:
+            task.cancel()
+        return {"cancelled": found}
 
     async def cmd_observed_config(self, _msg: dict[str, Any]) -> dict[str, Any]:
         cfg = self.fe().core.config
@@ -155,6 +200,7 @@ async def main() -> int:
             task = asyncio.create_task(program.handle(message))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            program.track(message.get("id"), task)
     finally:
         if program.frontend is not None:
             await program.frontend.close()

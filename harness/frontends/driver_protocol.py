@@ -15,7 +15,7 @@ PROTOCOL = "corewire-driver/1"
 MAX_LINE = 1 << 20  # a line longer than this is a protocol violation
 
 COMMANDS = ("init", "wait_ready", "generate", "drop", "abort", "is_sleeping",
-            "reset_prefix_cache", "observed_config", "shutdown")
+            "reset_prefix_cache", "utility", "cancel", "observed_config", "shutdown")
 EVENTS = ("output", "finished")
 
 

@@ -8,11 +8,23 @@ and reports the kill matrix. Each mutant overrides one method of the reference c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from harness.frontends.driver import StartupError, StreamHandle
+from harness.frontends.mutants_utility import (
+    BoolAnswersFromEngineZero,
+    CollectiveRpcEngineZero,
+    ConsensusFromEngineZero,
+    DuplicateIdNotChecked,
+    FailureIgnoredWhenOthersAnswer,
+    KvParamsFalsyDropped,
+    NegativeCallIdFatal,
+    PassThroughKvOnly,
+    RequestIdNeverReusable,
+    ResultsInArrivalOrder,
+)
 from harness.frontends.reference.core import (
     PendingUtility,
     ReferenceFrontendCore,
@@ -298,9 +310,11 @@ class EngineOneUnreachable(ReferenceFrontendCore):
 
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
         handle, (_identity, frames) = super().add_request(
-            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop)
+            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
+            request_id=request_id, params=params)
         return handle, (self.engines[min(self.engines)].identity, frames)
 
 
@@ -424,6 +438,26 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     # -- dp, ready, handshake (cores in mutants_dp.py) --
     # -- streaming, failure (cores in mutants_streaming.py) --
     # -- utility (cores in mutants_utility.py) --
+    Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "
+           "by engine 0, not ANDed", BoolAnswersFromEngineZero),
+    Mutant("utility_consensus_from_engine_zero", "is_scheduler_paused/get_weight_version "
+           "taken from engine 0 unchecked", ConsensusFromEngineZero),
+    Mutant("collective_rpc_engine_zero", "collective_rpc returns engine 0's results only",
+           CollectiveRpcEngineZero),
+    Mutant("utility_results_arrival_order", "per-engine results in reply arrival order",
+           ResultsInArrivalOrder),
+    Mutant("utility_failure_ignored", "an engine's failure ignored when others answered",
+           FailureIgnoredWhenOthersAnswer),
+    Mutant("negative_call_id_fatal", "utility replies with call id -1/-2 kill the client",
+           NegativeCallIdFatal),
+    Mutant("duplicate_request_id_sent", "a live duplicate client id is sent to the engine",
+           DuplicateIdNotChecked),
+    Mutant("request_id_never_reusable", "a finished request's client id is refused",
+           RequestIdNeverReusable),
+    Mutant("pass_through_kv_only", "ec_transfer_params and cache_salt not forwarded",
+           PassThroughKvOnly),
+    Mutant("kv_params_falsy_dropped", "kv_transfer_params loses its false/empty values",
+           KvParamsFalsyDropped),
 ]}
 
 

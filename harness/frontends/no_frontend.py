@@ -3,7 +3,7 @@ through the same case runner and reports, and must never touch a frontend."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.frontends.driver import (
@@ -25,7 +25,8 @@ class NoFrontend(FrontendDriver):
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
         raise UnsupportedOperation("generate")
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:

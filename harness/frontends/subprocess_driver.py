@@ -15,10 +15,11 @@ import itertools
 import os
 import tempfile
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
+    PASS_THROUGH_FIELDS,
     Capability,
     FrontendDriver,
     FrontendError,
@@ -26,6 +27,7 @@ from harness.frontends.driver import (
     StartupError,
     StreamHandle,
     UnsupportedOperation,
+    check_generate_options,
 )
 from harness.frontends.driver_protocol import (
     MAX_LINE,
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
 
 STDERR_TAIL_LINES = 40
+# Commands added after the first protocol release: an older driver program that answers
+# them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.
+ADDED_COMMANDS = ("utility", "cancel")
 
 
 class DriverFault(Exception):
@@ -67,6 +72,7 @@ class SubprocessDriver(FrontendDriver):
         self._reader: asyncio.Task[None] | None = None
         self._fault: DriverFault | None = None
         self._stray: deque[str] = deque(maxlen=5)
+        self._abandoned: set[int] = set()  # command ids whose late replies are ignored
 
     # ------------------------------------------------------------------ process
 
@@ -123,6 +129,9 @@ class SubprocessDriver(FrontendDriver):
     def _dispatch(self, message: dict[str, Any]) -> None:
         if "id" in message:
             future = self._pending.get(message["id"])
+            if future is None and message["id"] in self._abandoned:
+                self._abandoned.discard(message["id"])
+                return
             if future is None:
                 raise DriverProtocolError(f"reply to unknown command id {message['id']!r}")
             if not future.done():
@@ -141,7 +150,12 @@ class SubprocessDriver(FrontendDriver):
 
     async def _command(self, cmd: str, timeout: float | None = None, **args: Any
                        ) -> dict[str, Any]:
-        """Send one command and wait (bounded) for its reply."""
+        """Send one command and wait (bounded) for its reply.
+
+        Cancelled while waiting on a `utility` command, it tells the program (`cancel`,
+        fire and forget) when the program declared cancel_utility, and ignores the late
+        reply of the cancelled command either way.
+        """
         if self._fault is not None:
             raise self._fault
         assert self._proc is not None and self._proc.stdin is not None
@@ -160,6 +174,11 @@ class SubprocessDriver(FrontendDriver):
             bound = self.command_timeout if timeout is None else timeout
             try:
                 reply = await asyncio.wait_for(asyncio.shield(future), bound)
+            except asyncio.CancelledError:
+                self._abandoned.add(cid)
+                if cmd == "utility" and Capability.CANCEL_UTILITY in self.capabilities:
+                    self._send_and_forget("cancel", target=cid)
+                raise
             except asyncio.TimeoutError:
                 raise TimeoutError(f"driver gave no reply to {cmd!r} within {bound:.1f}s\n"
                                    f"--- driver stderr tail ---\n{self.diagnostics()}"
@@ -169,11 +188,21 @@ class SubprocessDriver(FrontendDriver):
         if reply.get("ok"):
             return reply
         error = str(reply.get("error", "unspecified error"))
-        if reply.get("unsupported"):
+        if reply.get("unsupported") or (cmd in ADDED_COMMANDS
+                                         and "unknown command" in error.lower()):
             raise UnsupportedOperation(f"{cmd}: {error}")
         if cmd in ("init", "wait_ready"):
             raise StartupError(error)
         raise FrontendError(error)
+
+    def _send_and_forget(self, cmd: str, **args: Any) -> None:
+        """Write one command whose reply is ignored (the stream is not drained here)."""
+        if self._fault is not None or self._proc is None or self._proc.stdin is None:
+            return
+        cid = next(self._ids)
+        self._abandoned.add(cid)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            self._proc.stdin.write(encode_line({"id": cid, "cmd": cmd, **args}))
 
     async def start(self, group: EngineGroup, timeout: float) -> None:
         await self._spawn()
@@ -192,13 +221,25 @@ class SubprocessDriver(FrontendDriver):
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+        # Only sent to programs that declared them: an older program would ignore them.
+        check_generate_options(
+            self.name, request_id, params,
+            request_ids=Capability.CLIENT_REQUEST_ID in self.capabilities,
+            pass_through=PASS_THROUGH_FIELDS if Capability.PASS_THROUGH in self.capabilities
+            else ())
+        options: dict[str, Any] = {}
+        if request_id is not None:
+            options["request_id"] = request_id
+        if params:
+            options["params"] = dict(params)
         sid = f"s{next(self._stream_ids)}"
         handle = StreamHandle(list(prompt_token_ids))
         self._streams[sid] = handle
         reply = await self._command("generate", stream=sid, prompt=list(prompt_token_ids),
                                     max_tokens=max_tokens, data_parallel_rank=data_parallel_rank,
-                                    stop=list(stop) if stop else None)
+                                    stop=list(stop) if stop else None, **options)
         handle.request_id = reply.get("request_id")
         return handle
 
@@ -219,6 +260,12 @@ class SubprocessDriver(FrontendDriver):
                                     reset_running_requests=reset_running_requests,
                                     reset_connector=reset_connector)
         return bool(reply["value"])
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        if Capability.CALL_UTILITY not in self.capabilities:
+            raise UnsupportedOperation(f"{self.name}: the driver program does not declare "
+                                       f"call_utility")
+        return (await self._command("utility", method=method, args=list(args))).get("value")
 
     async def observed_config(self) -> ObservedConfig:
         value = (await self._command("observed_config"))["value"]

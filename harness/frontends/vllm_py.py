@@ -50,19 +50,22 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
+    PASS_THROUGH_FIELDS,
     Capability,
     FrontendDriver,
     FrontendError,
     ObservedConfig,
     StartupError,
     StreamHandle,
+    check_generate_options,
 )
+from harness.frontends.vllm_py_utilities import async_llm_call, normalise
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import tiny_model_dir
@@ -355,23 +358,30 @@ class VllmPyDriver(FrontendDriver):
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
         llm = self._require()
         vllm = _load_vllm()
+        check_generate_options(self.name, request_id, params, request_ids=True,
+                               pass_through=PASS_THROUGH_FIELDS)
         handle = StreamHandle(list(prompt_token_ids))
-        handle.request_id = f"cw-{next(self._ids)}"
+        handle.request_id = f"cw-{next(self._ids)}" if request_id is None else request_id
         kind = vllm.output_kind.DELTA if stream else vllm.output_kind.FINAL_ONLY
+        extra = {k: v for k, v in (params or {}).items() if k != "cache_salt"}
+        prompt_fields: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
+        if params and "cache_salt" in params:
+            prompt_fields["cache_salt"] = params["cache_salt"]
         try:
-            params = vllm.sampling_params(max_tokens=max_tokens, temperature=0.0,
-                                          stop=list(stop) if stop else None, output_kind=kind)
+            sampling = vllm.sampling_params(max_tokens=max_tokens, temperature=0.0,
+                                            stop=list(stop) if stop else None,
+                                            output_kind=kind, extra_args=extra or None)
             # The token-in path of vLLM's servers: render a TokensPrompt, pass the EngineInput.
-            (engine_input,) = llm.renderer.render_cmpl(
-                [vllm.tokens_prompt(prompt_token_ids=list(prompt_token_ids))])
+            (engine_input,) = llm.renderer.render_cmpl([vllm.tokens_prompt(**prompt_fields)])
         except Exception as exc:
             raise FrontendError(f"request rejected before submission: {_describe(exc)}"
                                 ) from exc
         task = asyncio.create_task(
-            self._consume(llm, handle, engine_input, params, data_parallel_rank),
+            self._consume(llm, handle, engine_input, sampling, data_parallel_rank),
             name=f"vllm-py-{handle.request_id}")
         self._streams[id(handle)] = (handle, task)
         await asyncio.sleep(0)  # let the task submit the ADD before we return
@@ -454,6 +464,11 @@ class VllmPyDriver(FrontendDriver):
         return bool(await self._utility(
             "AsyncLLM.reset_prefix_cache()",
             llm.reset_prefix_cache(reset_running_requests, reset_connector)))
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        """The AsyncLLM method a user calls for `method` (vllm_py_utilities)."""
+        what, call = async_llm_call(self._require(), method, args)
+        return normalise(await self._utility(what, call))
 
     async def observed_config(self) -> ObservedConfig:
         config = self._require().vllm_config

@@ -41,7 +41,7 @@ import subprocess
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,8 +54,10 @@ from harness.frontends.driver import (
     ObservedConfig,
     StartupError,
     StreamHandle,
+    check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
+from harness.frontends.vllm_rs_utilities import RS_PASS_THROUGH, answer_value, route_for
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import tiny_model_dir, vllm_rs_binary
@@ -251,6 +253,10 @@ class VllmRsDriver(FrontendDriver):
         Capability.NUM_GPU_BLOCKS,  # gRPC Control GetServerInfo total_kv_blocks
         Capability.REQUEST_ERRORS,  # SSE error event
         Capability.ENGINE_DEATH,  # surfaces as stream errors / HTTP errors
+        Capability.CALL_UTILITY,  # dev-mode routes (vllm_rs_utilities.ROUTES)
+        Capability.CANCEL_UTILITY,  # the client closes the HTTP connection
+        Capability.CLIENT_REQUEST_ID,  # X-Request-Id
+        Capability.PASS_THROUGH,  # completion-body fields
     })
 
     def __init__(self, extra_args: dict[str, Any] | None = None) -> None:
@@ -396,9 +402,12 @@ class VllmRsDriver(FrontendDriver):
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+        check_generate_options(self.name, request_id, params, request_ids=True,
+                               pass_through=RS_PASS_THROUGH)
         handle = StreamHandle(list(prompt_token_ids))
-        request_tag = f"cw{self._tag}-{next(self._seq)}"
+        request_tag = f"cw{self._tag}-{next(self._seq)}" if request_id is None else request_id
         external = f"cmpl-{request_tag}"
         self._external.add(external)
         body: dict[str, Any] = {"model": _model_dir(), "prompt": list(prompt_token_ids),
@@ -406,6 +415,7 @@ class VllmRsDriver(FrontendDriver):
                                 "return_token_ids": True}
         if stop:
             body["stop"] = list(stop)
+        body.update(params or {})  # OpenAI-body fields of the same name (vllm-rs serves them)
         headers = {"X-Request-Id": request_tag}
         if data_parallel_rank is not None:
             headers["X-data-parallel-rank"] = str(data_parallel_rank)
@@ -540,6 +550,13 @@ class VllmRsDriver(FrontendDriver):
         if not isinstance(value, bool):
             raise FrontendError(f"/reset_prefix_cache: unexpected answer {answer!r}")
         return value
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities)."""
+        route = route_for(method)
+        path = route.path(args)
+        body = route.body(args) if route.body is not None else None
+        return answer_value(route, path, await self._json(route.method, path, body))
 
     async def observed_config(self) -> ObservedConfig:
         answer = await self._json("GET", "/v1/models")

@@ -10,11 +10,16 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.frontends.driver import FrontendError, ObservedConfig, StartupError, StreamHandle
+from harness.frontends.reference.utilities import (
+    DEFAULT_AGGREGATION,
+    UTILITY_AGGREGATION,
+    Aggregation,
+)
 from harness.transport.sockets import engine_identity
 from harness.vocab import EOS_TOKEN_ID, detokenize
 from harness.wire import DEFAULT_CODEC, EngineDead, ProtocolError, WireCodec
@@ -34,6 +39,10 @@ class InconsistentResults(FrontendError):
 
 class UtilityFailed(FrontendError):
     """An engine answered a utility call with a failure message."""
+
+
+class DuplicateRequestId(FrontendError):
+    """A client-chosen request id is already in flight; nothing was sent."""
 
 
 @dataclass
@@ -144,23 +153,41 @@ class ReferenceFrontendCore:
 
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
         """Register a request and return its handle and the ADD to send."""
         self._check_alive()
         if not self.registered:
             raise FrontendError("frontend is not serving yet")
+        rid = self.assign_request_id(request_id)
+        extra_args, cache_salt = self.pass_through(params)
         rank = self.route(data_parallel_rank)
-        rid = f"cw-{self._session}-{next(self._next_id)}"
         handle = StreamHandle(list(prompt), request_id=rid)
         self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()))
         self.engines[rank].inflight += 1
-        params = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
+        sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                   _eos_token_id=EOS_TOKEN_ID,
-                                  _all_stop_token_ids={EOS_TOKEN_ID})
+                                  _all_stop_token_ids={EOS_TOKEN_ID}, extra_args=extra_args)
         request = m.EngineCoreRequest(
-            rid, list(prompt), None, params, None, time.time(), None, None,
+            rid, list(prompt), None, sampling, None, time.time(), None, cache_salt,
             data_parallel_rank, client_index=self.client_index, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
+
+    def assign_request_id(self, request_id: str | None) -> str:
+        """A client-chosen id is used as is; a live duplicate is refused before any ADD
+        (vllm-rs `Error::DuplicateRequestId`). A finished id may be reused."""
+        if request_id is None:
+            return f"cw-{self._session}-{next(self._next_id)}"
+        if request_id in self.requests:
+            raise DuplicateRequestId(f"request id {request_id!r} is already in flight")
+        return request_id
+
+    def pass_through(self, params: Mapping[str, Any] | None
+                     ) -> tuple[dict[str, Any] | None, str | None]:
+        """(SamplingParams.extra_args, cache_salt) carrying the client's fields unchanged."""
+        fields = dict(params or {})
+        cache_salt = fields.pop("cache_salt", None)
+        return (fields or None), cache_salt
 
     def route(self, data_parallel_rank: int | None) -> int:
         """An explicit rank is honoured (and validated); otherwise the least-loaded engine."""
@@ -317,6 +344,31 @@ class ReferenceFrontendCore:
             detail = "; ".join(f"engine {r}: {msg}" for r, msg in sorted(call.failures.items()))
             raise UtilityFailed(f"utility {call.method} failed: {detail}")
         return [call.results[r] for r in sorted(call.results)]
+
+    aggregation: Mapping[str, Aggregation] = UTILITY_AGGREGATION
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        """The call's answer from the engines' answers (engine order), by the method's rule."""
+        if method == "is_sleeping":
+            return self.aggregate_is_sleeping(values)
+        if method == "reset_prefix_cache":
+            return self.aggregate_reset_prefix_cache(values)
+        rule = self.aggregation.get(method, DEFAULT_AGGREGATION)
+        if rule is Aggregation.CONSENSUS:
+            if any(v != values[0] for v in values):
+                raise InconsistentResults(f"{method} returned inconsistent results across "
+                                          f"engines: {values}")
+            return values[0]
+        if rule is Aggregation.ALL:
+            return all(bool(v) for v in values)
+        if rule is Aggregation.FLATTEN:
+            flat: list[Any] = []
+            for value in values:
+                flat.extend(value if isinstance(value, list) else [value])
+            return flat
+        if rule is Aggregation.FIRST:
+            return values[0]
+        return None
 
     def aggregate_is_sleeping(self, values: list[Any]) -> bool:
         """Consensus: every engine must agree, else an error that names the values."""

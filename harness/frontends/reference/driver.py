@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
+    PASS_THROUGH_FIELDS,
     Capability,
     FrontendDriver,
     ObservedConfig,
     StreamHandle,
+    check_generate_options,
 )
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
@@ -53,9 +55,13 @@ class ReferenceDriver(FrontendDriver):
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+        check_generate_options(self.name, request_id, params, request_ids=True,
+                               pass_through=PASS_THROUGH_FIELDS)
         return await self._fe().generate(prompt_token_ids, max_tokens,
-                                         data_parallel_rank=data_parallel_rank, stop=stop)
+                                         data_parallel_rank=data_parallel_rank, stop=stop,
+                                         request_id=request_id, params=params)
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
         self._fe().drop([h.request_id for h in handles if h.request_id is not None])
@@ -69,6 +75,9 @@ class ReferenceDriver(FrontendDriver):
     async def reset_prefix_cache(self, reset_running_requests: bool = False,
                                  reset_connector: bool = False) -> bool:
         return await self._fe().reset_prefix_cache(reset_running_requests, reset_connector)
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        return await self._fe().call_utility(method, args)
 
     async def observed_config(self) -> ObservedConfig:
         cfg = self._fe().core.config

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import zmq
@@ -78,9 +78,17 @@ class ReferenceFrontend:
 
     async def generate(self, prompt: Sequence[int], max_tokens: int, *,
                        data_parallel_rank: int | None = None,
-                       stop: Sequence[str] | None = None) -> StreamHandle:
+                       stop: Sequence[str] | None = None, request_id: str | None = None,
+                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+        # Only when set: wrapped cores (the stateful probe) keep the older signature.
+        options: dict[str, Any] = {}
+        if request_id is not None:
+            options["request_id"] = request_id
+        if params:
+            options["params"] = params
         handle, send = self.core.add_request(prompt, max_tokens,
-                                             data_parallel_rank=data_parallel_rank, stop=stop)
+                                             data_parallel_rank=data_parallel_rank, stop=stop,
+                                             **options)
         await self._send([send])
         if self.first_output_deadline is not None:
             asyncio.get_running_loop().call_later(
@@ -119,6 +127,14 @@ class ReferenceFrontend:
             self._waiters.pop(key, None)
             self.core.forget_utility(call)
         return self.core.utility_values(call)
+
+    async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
+        """Any utility: fan out, then fold the answers by the method's aggregation rule.
+
+        Cancelling the caller unregisters every call id of the call (call_all's finally),
+        so a late reply is dropped as unknown and later calls are unaffected.
+        """
+        return self.core.aggregate(method, await self.call_all(method, list(args)))
 
     async def is_sleeping(self) -> bool:
         return self.core.aggregate_is_sleeping(await self.call_all("is_sleeping", []))
