@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,8 @@ def main() -> int:
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     parser.add_argument("--out", default="abort-batching-tally.json")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the finally below still ends this trial's load.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     frontends = args.frontends or DEFAULT_FRONTENDS
     tally: dict[str, Any] = {
         "case": CASE, "frontends": frontends, "load_processes": args.load,
