@@ -222,7 +222,7 @@ async def drop_then_explicit(ctx: CaseContext) -> None:
     _check_exactly_once(ctx, group, owners)
 
 
-UNEVEN = {1: [5], 2: [1, 6], 3: [4, 1, 2], 4: [2, 9, 1, 3]}  # streams per engine
+UNEVEN = {1: [9], 2: [1, 6], 3: [4, 1, 2], 4: [2, 9, 1, 3]}  # streams per engine
 
 
 async def _open_pinned(ctx: CaseContext, group: EngineGroup, per_engine: list[int]
