@@ -157,6 +157,7 @@ for _kind, (_what, _steps) in ENDINGS.items():
     for _explicit in (False, True):
         _fn = _ended_case(_kind, _what, _steps, _explicit)
         globals()[_fn.__name__] = _fn
+del _fn  # one module global per case: the loop variable must not be collected again
 
 
 def _stop_string_case(explicit: bool) -> Callable[[CaseContext], Awaitable[None]]:
@@ -267,6 +268,7 @@ def _uneven_burst_case(n: int) -> Callable[[CaseContext], Awaitable[None]]:
 for _n in UNEVEN:
     _fn = _uneven_burst_case(_n)
     globals()[_fn.__name__] = _fn
+del _fn
 
 
 @case("abort.explicit.three_engines_one_call", Level.MUST,
