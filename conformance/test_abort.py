@@ -242,3 +242,38 @@ async def dead_no_abort(ctx: CaseContext) -> None:
     await ctx.quiet(0.3)
     ids = group.transcript.aborted_ids()
     ctx.require(not ids, expected="no ABORT after engine death", observed=ids)
+
+
+
+
+# abort.burst.shares_frame: a batching abort loop sends whatever queued up while it was away
+# in one frame per engine; a never-batching one sends one frame per id whatever the timing.
+# Each burst of drops of streaming requests is one more chance for drops to queue behind the
+# loop (docs/abort-batching.md has the why and the 20-run tally under load).
+SHARE_BURSTS = 6
+SHARE_BURST_SIZE = 16
+
+
+@case("abort.burst.shares_frame", Level.SHOULD,
+      "Drops that queue up before the frontend's abort loop runs should leave together: "
+      "over several bursts of streaming drops, some ABORT frame carries >= 2 ids.",
+      source=f"{PR}; rust-client.md §1.5 (run_abort_loop recv_many); "
+             "docs/abort-batching.md", needs=DROP, timeout=90)
+async def burst_shares_frame(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(trickle(0.005))])])
+    all_owners: dict[str, int] = {}
+    per_burst: list[list[int]] = []
+    for b in range(SHARE_BURSTS):
+        handles, owners = await _open_streams(ctx, group, SHARE_BURST_SIZE,
+                                              offset=b * SHARE_BURST_SIZE)
+        before = len(group.transcript.abort_frames())
+        await ctx.driver.drop(handles)
+        await _settle_aborts(ctx, group, owners)
+        all_owners.update(owners)
+        per_burst.append([len(r.message.request_ids)
+                          for r in group.transcript.abort_frames()[before:]])
+    _check_exactly_once(ctx, group, all_owners)
+    ctx.note(f"ABORT frame sizes per burst {per_burst}")
+    ctx.require(any(n >= 2 for burst in per_burst for n in burst),
+                expected="some ABORT frame with >= 2 ids",
+                observed=f"only 1-id frames; sizes per burst {per_burst}")

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontends.driver import StartupError, StreamHandle
+from harness.frontends.mutants_abort import (
+    AbortAcrossEnginesOneFrame,
+    AbortBatchLimitLosesIds,
+    AbortRerouted,
+    AbortStopTokenFinished,
+    AbortUnstartedAtFirstEngine,
+    ExplicitAbortUsesHistory,
+)
 from harness.frontends.mutants_utility import (
     BoolAnswersFromEngineZero,
     CollectiveRpcEngineZero,
@@ -435,6 +443,19 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
            ReadyForbidsUnknownKeys),
     # -- abort (cores in mutants_abort.py) --
+    Mutant("abort_stop_token_finished", "requests finished by an engine STOP aborted anyway",
+           AbortStopTokenFinished),
+    Mutant("abort_unstarted_at_first_engine",
+           "requests without output yet aborted at engine 0", AbortUnstartedAtFirstEngine),
+    Mutant("abort_across_engines_one_frame", "one ABORT frame for all engines' ids",
+           AbortAcrossEnginesOneFrame),
+    Mutant("abort_batch_limit_loses_ids", "ids past 8 per drain pass forgotten",
+           AbortBatchLimitLosesIds),
+    Mutant("abort_rerouted", "drops aborted at the engine the router picks now",
+           AbortRerouted),
+    Mutant("explicit_abort_uses_history",
+           "explicit abort sends finished, dropped and aborted ids again",
+           ExplicitAbortUsesHistory),
     # -- dp, ready, handshake (cores in mutants_dp.py) --
     # -- streaming, failure (cores in mutants_streaming.py) --
     # -- utility (cores in mutants_utility.py) --
