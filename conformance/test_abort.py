@@ -7,7 +7,6 @@ frame per engine is timing-dependent over real transports, so it is graded SHOUL
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from harness.case_context import CaseContext
@@ -90,23 +89,6 @@ async def burst_exactly_once(ctx: CaseContext) -> None:
     await ctx.driver.drop(handles)
     await _settle_aborts(ctx, group, owners)
     _check_exactly_once(ctx, group, owners)
-
-
-@case("abort.burst.coalesced", Level.SHOULD,
-      "A burst of drops should be coalesced into at most ceil(k/1024) ABORT frames per "
-      "engine.", source=PR, needs=DROP)
-async def burst_coalesced(ctx: CaseContext) -> None:
-    group = await ctx.start(_holding(2))
-    handles, owners = await _open_streams(ctx, group, 8)
-    await ctx.driver.drop(handles)
-    await _settle_aborts(ctx, group, owners)
-    per_engine = Counter(owners.values())
-    frames = Counter(r.rank for r in group.transcript.abort_frames())
-    over = {rank: frames[rank] for rank, k in per_engine.items()
-            if frames[rank] > math.ceil(k / 1024)}
-    ctx.note(f"ids per engine {dict(per_engine)}, ABORT frames per engine {dict(frames)}")
-    ctx.require(not over, expected="1 ABORT frame per engine for this burst",
-                observed=f"frames per engine {dict(frames)}")
 
 
 @case("abort.burst.over_1024", Level.MUST,

@@ -6,7 +6,8 @@ so that the abort cases of conformance/test_abort*.py prove they can fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from harness.frontends.driver import StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, Send
@@ -84,9 +85,11 @@ class ExplicitAbortUsesHistory(ReferenceFrontendCore):
 
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
         handle, send = super().add_request(prompt, max_tokens,
-                                           data_parallel_rank=data_parallel_rank, stop=stop)
+                                           data_parallel_rank=data_parallel_rank, stop=stop,
+                                           request_id=request_id, params=params)
         rid = handle.request_id
         if rid is not None:
             self.__dict__.setdefault("history", {})[rid] = self.requests[rid].rank
