@@ -552,7 +552,10 @@ class VllmRsDriver(FrontendDriver):
         return value
 
     async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
-        """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities)."""
+        """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities);
+        get_weight_version is reachable only through the gRPC Control service."""
+        if method == "get_weight_version" and self.control is not None and not args:
+            return await self.control.weight_version()
         route = route_for(method)
         path = route.path(args)
         body = route.body(args) if route.body is not None else None

@@ -74,8 +74,8 @@ UNREACHABLE: dict[str, str] = {
     "remove_lora": "/v1/unload_lora_adapter answers 404 with the tiny-model configuration",
     "list_loras": "vllm-rs serves no route that calls list_loras",
     "pin_lora": "vllm-rs serves no route that calls pin_lora",
-    "get_weight_version": "only the gRPC Control service (/vllm.Control/GetWeightVersion) "
-                          "reaches it; the driver speaks HTTP",
+    "get_weight_version": "reached through the gRPC Control service (GetWeightVersion, see "
+                          "VllmRsDriver.call_utility), never over HTTP",
     "profile": "/start_profile and /stop_profile answer 404 without a profiler config",
 }
 
