@@ -186,7 +186,8 @@ class EngineRunner:
             self._hs = None
 
     def _connect(self, inputs: list[str], outputs: list[str]) -> None:
-        ident = engine_identity(self.core.rank)
+        alias = self.core.script.register_as
+        ident = engine_identity(self.core.rank if alias is None else alias)
         for addr in inputs:
             sock = make_socket(self.ctx, zmq.DEALER, identity=ident)
             sock.connect(addr)
@@ -198,6 +199,11 @@ class EngineRunner:
 
     def _register(self) -> None:
         if not self.core.script.register:
+            return
+        deadline = time.monotonic() + self.core.script.ready_delay
+        while not self._stop and time.monotonic() < deadline:  # stop stays prompt
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        if self._stop:
             return
         payload = self.core.ready_payload()
         for sock in self._inputs:

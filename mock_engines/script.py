@@ -172,6 +172,10 @@ class EngineScript:
     # Raw bytes sent instead of the encoded ready response (malformed-ready cases).
     ready_payload: bytes | None = None
     register: bool = True  # False: never send the ready frame
+    # Seconds to wait after connecting before registering (orders the ready frames).
+    ready_delay: float = 0.0
+    # Register under another rank's identity (unexpected or duplicate engine ids).
+    register_as: int | None = None
     rules: list[Rule] = field(default_factory=list)
     default: StepFactory = default_steps
     utilities: dict[str, UtilityReply] = field(default_factory=dict)

@@ -80,7 +80,9 @@ class DriverProgram:
             raise FrontendError(f"unsupported protocol {msg.get('protocol')!r}")
         workdir = str(msg["workdir"])
         inputs, outputs = f"ipc://{workdir}/in.sock", f"ipc://{workdir}/out.sock"
-        self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]])
+        stats = msg.get("stats_address")
+        self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
+                                          stats_address=str(stats) if stats else None)
         self.frontend.bind(inputs, outputs)
         return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
                 "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}

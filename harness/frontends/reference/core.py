@@ -93,6 +93,7 @@ class ReferenceFrontendCore:
         self._block_sizes: dict[int, int] = {}
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
         self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
+        self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
 
     # ------------------------------------------------------------ registration
 
@@ -159,7 +160,8 @@ class ReferenceFrontendCore:
                                   _all_stop_token_ids={EOS_TOKEN_ID})
         request = m.EngineCoreRequest(
             rid, list(prompt), None, params, None, time.time(), None, None,
-            data_parallel_rank, client_index=self.client_index, external_req_id=rid)
+            data_parallel_rank, client_index=self.client_index,
+            current_wave=self.current_wave, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
 
     def route(self, data_parallel_rank: int | None) -> int:
@@ -194,12 +196,27 @@ class ReferenceFrontendCore:
         if isinstance(message, EngineDead):
             self.mark_dead("ENGINE_CORE_DEAD received")
             return []
+        if message.wave_complete is not None or message.start_wave is not None:
+            self.on_dp_control(message)
+            return []
         if message.utility_output is not None:
             done = self.on_utility_output(message.engine_index, message.utility_output)
             return [done] if done is not None else []
         for output in message.outputs:
             self.on_request_output(output)
         return []
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        """wave_complete / start_wave belong on the coordinator's path; on the main output
+        path they mean a miswired engine or coordinator, so the client fails closed
+        (vLLM's Rust client: UnexpectedDispatcherOutput)."""
+        self.mark_dead(f"DP control on the main output path from engine "
+                       f"{message.engine_index} (wave_complete={message.wave_complete}, "
+                       f"start_wave={message.start_wave})")
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        """A coordinator publication: the newest wave is what later ADDs carry."""
+        self.current_wave = update.current_wave
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)

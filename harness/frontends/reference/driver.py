@@ -46,6 +46,7 @@ class ReferenceDriver(FrontendDriver):
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
                                           core_factory=self.core_factory,
+                                          stats_address=group.stats_address,
                                           **self.frontend_kwargs)
         self.frontend.bind(inputs, outputs)
         group.start_bootstrapped([inputs], [outputs])

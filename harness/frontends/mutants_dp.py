@@ -1,0 +1,168 @@
+"""Mutant cores for the DP, ready-sync and handshake cases: each breaks one rule the way a
+port author plausibly would (an unchecked list index, a counter never released, a value
+cached once). Registered in `mutants.py`'s dp section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.transport.sockets import engine_identity
+from harness.wire import messages as m
+
+
+class RankIndexesEngineList(ReferenceFrontendCore):
+    """`engines[rank]` on the sorted list: -1 silently means the last engine."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        try:
+            return ranks[data_parallel_rank]
+        except IndexError:
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range"
+                                ) from None
+
+
+class RankWrapsModulo(ReferenceFrontendCore):
+    """Any rank is wrapped modulo the engine count instead of being refused."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        return ranks[data_parallel_rank % len(ranks)]
+
+
+class RankUnchecked(ReferenceFrontendCore):
+    """No range check: the ADD is addressed to the identity of a rank that does not exist,
+    so the ROUTER drops it and the caller waits forever."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+        if data_parallel_rank is None or data_parallel_rank in self.engines:
+            return super().add_request(prompt, max_tokens,
+                                       data_parallel_rank=data_parallel_rank, stop=stop)
+        handle, (_identity, frames) = super().add_request(prompt, max_tokens, stop=stop)
+        return handle, (engine_identity(data_parallel_rank & 0xFFFF), frames)
+
+
+class RoundRobinRouting(ReferenceFrontendCore):
+    """Unpinned requests rotate over the engines, ignoring what is in flight."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        return next(self._rotation)
+
+
+class PinnedNotCounted(ReferenceFrontendCore):
+    """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+        handle, send = super().add_request(prompt, max_tokens,
+                                           data_parallel_rank=data_parallel_rank, stop=stop)
+        if data_parallel_rank is not None:
+            self.engines[data_parallel_rank].inflight -= 1
+            self.__dict__.setdefault("pinned", set()).add(handle.request_id)
+        return handle, send
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, reason, error)
+        if state is not None and rid in self.__dict__.get("pinned", set()):
+            self.engines[state.rank].inflight += 1  # it was never counted
+
+
+class InflightNeverReleased(ReferenceFrontendCore):
+    """The in-flight count is bumped on ADD but never released when a request ends."""
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, reason, error)
+        if state is not None:
+            self.engines[state.rank].inflight += 1
+
+
+class WaveNeverStamped(ReferenceFrontendCore):
+    """Coordinator publications are read for load only; ADDs always carry wave 0."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        pass
+
+
+class WaveFirstOnly(ReferenceFrontendCore):
+    """The first published wave is cached and never updated."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if not self.__dict__.get("wave_seen"):
+            self.__dict__["wave_seen"] = True
+            super().on_dp_stats(update)
+
+
+class WaveFromWaveCompleteOnly(ReferenceFrontendCore):
+    """Only a coordinator publication with engines running moves the wave."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if update.engines_running:
+            super().on_dp_stats(update)
+
+
+class DpControlIgnored(ReferenceFrontendCore):
+    """wave_complete / start_wave on the main output path are silently dropped."""
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        pass
+
+
+class ReadyMaxModelLenLastWins(ReferenceFrontendCore):
+    """max_model_len is taken from the last ready response received."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.max_model_len = ready.max_model_len
+
+
+class ReadyMaxModelLenFirstWins(ReferenceFrontendCore):
+    """max_model_len is taken from the first ready response received."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        first = self.config.max_model_len
+        super().apply_ready(rank, ready)
+        if first is not None:
+            self.config.max_model_len = first
+
+
+class ReadyGpuBlocksEngineZero(ReferenceFrontendCore):
+    """num_gpu_blocks is engine 0's value times the engine count (assumes uniform ranks)."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        first = self.engines[min(self.engines)].ready
+        if first is not None:
+            self.config.num_gpu_blocks = first.num_gpu_blocks * len(self.engines)
+
+
+class BlockSizeChecksNeighbourOnly(ReferenceFrontendCore):
+    """block_size compared only with the previous ready response, not all of them."""
+
+    def check_block_sizes(self) -> None:
+        values = list(self._block_sizes.values())
+        if len(values) >= 2 and values[-1] != values[-2]:
+            raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
+
+
+class IdentityByArrival(ReferenceFrontendCore):
+    """Ready frames are matched to engines by arrival order, not by identity."""
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        pending = [e for _r, e in sorted(self.engines.items()) if not e.registered]
+        if pending and bytes(identity) not in self._by_identity:
+            identity = pending[0].identity
+        super().on_ready(identity, payload)
