@@ -447,8 +447,6 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            dp.ReadyMaxModelLenFirstWins),
     Mutant("gpu_blocks_engine_zero_times_n", "num_gpu_blocks = engine 0's value x count",
            dp.ReadyGpuBlocksEngineZero),
-    Mutant("block_size_neighbour_check", "block_size compared with the previous engine only",
-           dp.BlockSizeChecksNeighbourOnly),
     Mutant("identity_by_arrival", "ready frames matched to engines by arrival order",
            dp.IdentityByArrival),
     # -- streaming, failure (cores in mutants_streaming.py) --

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.driver import FrontendError, StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, Send
 from harness.transport.sockets import engine_identity
 from harness.wire import messages as m
@@ -147,15 +147,6 @@ class ReadyGpuBlocksEngineZero(ReferenceFrontendCore):
         first = self.engines[min(self.engines)].ready
         if first is not None:
             self.config.num_gpu_blocks = first.num_gpu_blocks * len(self.engines)
-
-
-class BlockSizeChecksNeighbourOnly(ReferenceFrontendCore):
-    """block_size compared only with the previous ready response, not all of them."""
-
-    def check_block_sizes(self) -> None:
-        values = list(self._block_sizes.values())
-        if len(values) >= 2 and values[-1] != values[-2]:
-            raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
 
 
 class IdentityByArrival(ReferenceFrontendCore):

@@ -62,6 +62,7 @@ from harness.frontends.driver import (
     ObservedConfig,
     StartupError,
     StreamHandle,
+    UnsupportedOperation,
 )
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
@@ -207,6 +208,13 @@ class VllmPyDriver(FrontendDriver):
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmPyDriver starts once")
         deadline = time.monotonic() + timeout
+        if group.engines[0].rank != 0:
+            # AsyncLLM's identities are engine_ranks_managed = 0..dp_size-1 of its own config
+            # (core_client.py:752-755); a frontend owning ranks from a nonzero start index is
+            # an external/hybrid-LB API server per rank, a config this driver does not build.
+            raise UnsupportedOperation(
+                f"engines start at rank {group.engines[0].rank}: this driver builds AsyncLLM "
+                f"for ranks 0..N-1 only (external/hybrid-LB configs are not built)")
         vllm = _load_vllm()
         dp_size = len(group.engines)
         try:
