@@ -167,6 +167,9 @@ class EngineGroup:
         self.transcript = MergedTranscript(parts)
         self._started = False
         self._closed = False
+        # Set by cases that need the frontend to own HELLO / INIT / READY (start_handshake);
+        # a driver that cannot must refuse to start (UnsupportedOperation), never fall back.
+        self.handshake = False
 
     def __len__(self) -> int:
         return len(self.engines)

@@ -146,8 +146,9 @@ class EngineRunner:
 
     def _handshake(self, hs: Handshake) -> tuple[list[str], list[str]]:
         core = self.core
-        self._hs = sock = make_socket(self.ctx, zmq.DEALER,
-                                      identity=engine_identity(core.rank))
+        alias = core.script.register_as
+        self._hs = sock = make_socket(self.ctx, zmq.DEALER, identity=engine_identity(
+            core.rank if alias is None else alias))
         sock.connect(hs.address)
         hello = core.codec.encode_hello(hs.local, hs.headless)
         sock.send(hello)
@@ -174,6 +175,8 @@ class EngineRunner:
 
     def _finish_handshake(self) -> None:
         assert self._hs is not None and isinstance(self.connection, Handshake)
+        if not self.core.script.handshake_ready:
+            return
         ready = self.core.codec.encode_handshake_ready(self.connection.local,
                                                        self.connection.headless)
         self._hs.send(ready)

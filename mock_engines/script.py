@@ -176,6 +176,8 @@ class EngineScript:
     ready_delay: float = 0.0
     # Register under another rank's identity (unexpected or duplicate engine ids).
     register_as: int | None = None
+    # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
+    handshake_ready: bool = True
     rules: list[Rule] = field(default_factory=list)
     default: StepFactory = default_steps
     utilities: dict[str, UtilityReply] = field(default_factory=dict)

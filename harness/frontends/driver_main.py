@@ -83,9 +83,13 @@ class DriverProgram:
         stats = msg.get("stats_address")
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
                                           stats_address=str(stats) if stats else None)
-        self.frontend.bind(inputs, outputs)
-        return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
-                "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}
+        reply: dict[str, Any] = {"name": "reference (subprocess)", "inputs": [inputs],
+                                 "outputs": [outputs],
+                                 "capabilities": sorted(c.value for c in ALL_CAPABILITIES)}
+        if msg.get("handshake"):  # the frontend owns HELLO / INIT / READY
+            reply["handshake"] = f"ipc://{workdir}/handshake.sock"
+        self.frontend.bind(inputs, outputs, reply.get("handshake"))
+        return reply
 
     async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:
         await self.fe().wait_ready(float(msg.get("timeout_s", 10.0)))

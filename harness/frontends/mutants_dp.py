@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.frontends.driver import FrontendError, StreamHandle
-from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
 from harness.transport.sockets import engine_identity
 from harness.wire import messages as m
 
@@ -157,3 +157,45 @@ class IdentityByArrival(ReferenceFrontendCore):
         if pending and bytes(identity) not in self._by_identity:
             identity = pending[0].identity
         super().on_ready(identity, payload)
+
+
+class RankOffByOne(ReferenceFrontendCore):
+    """Range check written as `rank < count - 1`: the last engine can never be pinned."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None and data_parallel_rank >= max(self.engines):
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range")
+        return super().route(data_parallel_rank)
+
+
+class InitWithoutOutputs(ReferenceFrontendCore):
+    """INIT advertises the input address only: engines cannot push any output."""
+
+    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
+        return super().init_message(rank, inputs, [])
+
+
+class ServesBeforeHandshakeReady(ReferenceFrontendCore):
+    """The handshake counts as done once every engine said HELLO; READY is not awaited."""
+
+    @property
+    def handshake_complete(self) -> bool:
+        return self.hello_seen == set(self.engines)
+
+
+class HelloIdentityUnchecked(ReferenceFrontendCore):
+    """A HELLO from an unknown identity is taken as the next engine still missing."""
+
+    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
+        known = self._by_identity.get(bytes(identity))
+        if known is not None:
+            return known
+        pending = [e for _r, e in sorted(self.engines.items()) if e.rank not in self.hello_seen]
+        return pending[0] if pending else super()._handshake_engine(identity, stage)
+
+
+class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
+    """A handshake timeout says only that startup timed out."""
+
+    def handshake_timeout(self, timeout: float) -> StartupError:
+        return StartupError(f"engine startup timed out after {timeout:.1f}s")

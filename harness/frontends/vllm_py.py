@@ -208,6 +208,15 @@ class VllmPyDriver(FrontendDriver):
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmPyDriver starts once")
         deadline = time.monotonic() + timeout
+        if group.handshake:
+            # AsyncLLM owns HELLO/INIT/READY only inside launch_core_engines (engine/utils.py
+            # 1206-1401), which also spawns the engine processes and, for DP, a real DP
+            # coordinator process; with client_addresses (pre-started engines) no handshake
+            # socket exists (core_client.py:727-750).
+            raise UnsupportedOperation(
+                "handshake mode: AsyncLLM runs HELLO/INIT/READY only while launching its own "
+                "engine processes (launch_core_engines); this driver starts it with "
+                "client_addresses, where no handshake socket exists")
         if group.engines[0].rank != 0:
             # AsyncLLM's identities are engine_ranks_managed = 0..dp_size-1 of its own config
             # (core_client.py:752-755); a frontend owning ranks from a nonzero start index is

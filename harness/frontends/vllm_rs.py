@@ -53,6 +53,7 @@ from harness.frontends.driver import (
     ObservedConfig,
     StartupError,
     StreamHandle,
+    UnsupportedOperation,
 )
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
@@ -281,6 +282,12 @@ class VllmRsDriver(FrontendDriver):
         return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
 
     async def start(self, group: EngineGroup, timeout: float) -> None:
+        if group.handshake:
+            raise UnsupportedOperation(
+                "handshake mode: `vllm-rs frontend` (the supervised mode) only adopts pre-bound "
+                "listeners (--input-listener-fd/--output-listener-fd, identities from "
+                "--engine-start-index); its HandshakeOwner transport is reachable only through "
+                "`vllm-rs serve`, which launches its own managed Python engine")
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")

@@ -94,6 +94,8 @@ class ReferenceFrontendCore:
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
         self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
         self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
+        self.hello_seen: set[int] = set()  # handshake mode: ranks that sent HELLO
+        self.handshake_ready_seen: set[int] = set()  # ... and READY
 
     # ------------------------------------------------------------ registration
 
@@ -136,6 +138,58 @@ class ReferenceFrontendCore:
     def check_block_sizes(self) -> None:
         if len(set(self._block_sizes.values())) > 1:
             raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
+
+    # ------------------------------------------------------------ handshake mode
+
+    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
+        engine = self._by_identity.get(bytes(identity))
+        if engine is None:
+            raise StartupError(f"{stage} from unexpected engine identity "
+                               f"{bytes(identity).hex()}")
+        return engine
+
+    def _handshake_status(self, engine: EngineState, payload: bytes) -> str:
+        try:
+            return self.codec.decode_handshake_status(payload).status
+        except ProtocolError as exc:
+            raise StartupError(f"engine {engine.rank} sent an invalid handshake message: "
+                               f"{exc.detail}") from exc
+
+    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
+                     outputs: Sequence[str]) -> bytes | None:
+        """One message on the handshake ROUTER: HELLO is answered with INIT (the addresses
+        to connect to; returned), READY is recorded. Anything out of order is refused."""
+        engine = self._handshake_engine(identity, "handshake message")
+        status = self._handshake_status(engine, payload)
+        if status == "HELLO":
+            if engine.rank in self.hello_seen:
+                raise StartupError(f"engine {engine.rank} sent HELLO twice")
+            self.hello_seen.add(engine.rank)
+            return self.init_message(engine.rank, inputs, outputs)
+        if engine.rank not in self.hello_seen or engine.rank in self.handshake_ready_seen:
+            raise StartupError(f"engine {engine.rank} sent READY out of order")
+        self.handshake_ready_seen.add(engine.rank)
+        return None
+
+    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
+        addresses = m.EngineZmqAddresses(list(inputs), list(outputs))
+        return self.codec.encode_init(m.EngineHandshakeMetadata(addresses, {}))
+
+    @property
+    def handshake_complete(self) -> bool:
+        return self.handshake_ready_seen == set(self.engines)
+
+    def handshake_timeout(self, timeout: float) -> StartupError:
+        """Names the engines missing at the first stage that is incomplete."""
+        for stage, seen in (("HELLO", self.hello_seen),
+                            ("ready response", {r for r, e in self.engines.items()
+                                                if e.registered}),
+                            ("READY", self.handshake_ready_seen)):
+            missing = sorted(set(self.engines) - seen)
+            if missing:
+                return StartupError(f"handshake: no {stage} from engines {missing} within "
+                                    f"{timeout:.1f}s")
+        return StartupError("handshake timed out")
 
     # ------------------------------------------------------------------ requests
 

@@ -48,8 +48,13 @@ class ReferenceDriver(FrontendDriver):
                                           core_factory=self.core_factory,
                                           stats_address=group.stats_address,
                                           **self.frontend_kwargs)
-        self.frontend.bind(inputs, outputs)
-        group.start_bootstrapped([inputs], [outputs])
+        if group.handshake:
+            handshake = self._ipc.address("handshake")
+            self.frontend.bind(inputs, outputs, handshake)
+            group.start_handshake(handshake, timeout=timeout)
+        else:
+            self.frontend.bind(inputs, outputs)
+            group.start_bootstrapped([inputs], [outputs])
         await self.frontend.wait_ready(timeout)
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,

@@ -45,6 +45,8 @@ class ReferenceFrontend:
         self._router: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None
         self._stats: zmq.asyncio.Socket | None = None
+        self._handshake: zmq.asyncio.Socket | None = None
+        self._addresses: tuple[list[str], list[str]] = ([], [])
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[int, asyncio.Future[PendingUtility]] = {}
         self._drop_signal = asyncio.Event()
@@ -52,8 +54,15 @@ class ReferenceFrontend:
 
     # ------------------------------------------------------------------ startup
 
-    def bind(self, input_address: str, output_address: str) -> None:
+    def bind(self, input_address: str, output_address: str,
+             handshake_address: str | None = None) -> None:
+        """Bind input and output; with a handshake address the frontend also owns
+        HELLO / INIT / READY (engines learn the input/output addresses from INIT)."""
         ctx = cast("zmq.Context[zmq.Socket[bytes]]", self._ctx)
+        self._addresses = ([input_address], [output_address])
+        if handshake_address is not None:
+            self._handshake = hs = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
+            hs.bind(handshake_address)
         self._router = router = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
         self._pull = pull = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.PULL))
         router.bind(input_address)
@@ -67,6 +76,8 @@ class ReferenceFrontend:
         """Read one ready frame per engine; StartupError names the engines that never came."""
         assert self._router is not None
         deadline = time.monotonic() + timeout
+        if self._handshake is not None:
+            await self._run_handshake(deadline, timeout)
         while not self.core.registered:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -83,6 +94,32 @@ class ReferenceFrontend:
                        asyncio.create_task(self._watch_disconnects())]
         if self._stats is not None:
             self._tasks.append(asyncio.create_task(self._read_dp_stats()))
+
+    async def _run_handshake(self, deadline: float, timeout: float) -> None:
+        """HELLO -> INIT per engine, their ready frames, then READY from every engine."""
+        assert self._handshake is not None and self._router is not None
+        poller = zmq.asyncio.Poller()
+        poller.register(self._handshake, zmq.POLLIN)
+        poller.register(self._router, zmq.POLLIN)
+        while not (self.core.handshake_complete and self.core.registered):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.core.handshake_timeout(timeout)
+            events = dict(await poller.poll(remaining * 1000))
+            if self._router in events:
+                frames = await self._router.recv_multipart()
+                if len(frames) != 2:
+                    raise StartupError(f"ready message must be [identity, payload], got "
+                                       f"{len(frames)} frames")
+                self.core.on_ready(frames[0], frames[1])
+            if self._handshake in events:
+                frames = await self._handshake.recv_multipart()
+                if len(frames) != 2:
+                    raise StartupError(f"handshake message must be [identity, payload], "
+                                       f"got {len(frames)} frames")
+                init = self.core.on_handshake(frames[0], frames[1], *self._addresses)
+                if init is not None:
+                    await self._handshake.send_multipart([frames[0], init])
 
     # ------------------------------------------------------------------ requests
 
@@ -222,7 +259,7 @@ class ReferenceFrontend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_waiters(EngineDeadError("frontend closed"))
-        for sock in (self._router, self._pull, self._stats):
+        for sock in (self._router, self._pull, self._stats, self._handshake):
             if sock is not None:
                 sock.close(0)
         self._ctx.term()
