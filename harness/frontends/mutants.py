@@ -456,6 +456,10 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            dp.HelloIdentityUnchecked),
     Mutant("handshake_timeout_unnamed", "handshake timeout names no engine or stage",
            dp.HandshakeTimeoutUnnamed),
+    Mutant("ready_sync_only_with_dp", "a single engine's ready response not applied",
+           dp.ReadySyncOnlyWithDp),
+    Mutant("identities_from_zero", "engine identities 0..n-1, start index ignored",
+           dp.IdentitiesFromZero),
     Mutant("identity_by_arrival", "ready frames matched to engines by arrival order",
            dp.IdentityByArrival),
     # -- streaming, failure (cores in mutants_streaming.py) --

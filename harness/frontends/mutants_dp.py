@@ -6,6 +6,7 @@ cached once). Registered in `mutants.py`'s dp section.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from harness.frontends.driver import FrontendError, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
@@ -199,3 +200,18 @@ class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
 
     def handshake_timeout(self, timeout: float) -> StartupError:
         return StartupError(f"engine startup timed out after {timeout:.1f}s")
+
+
+class ReadySyncOnlyWithDp(ReferenceFrontendCore):
+    """Ready responses are aggregated only for DP > 1; a single engine's is never applied."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        if len(self.engines) > 1:
+            super().apply_ready(rank, ready)
+
+
+class IdentitiesFromZero(ReferenceFrontendCore):
+    """Engine identities built as 0..count-1, ignoring the engine start index."""
+
+    def __init__(self, ranks: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(list(range(len(ranks))), **kwargs)
