@@ -176,3 +176,66 @@ async def finished_free_capacity(ctx: CaseContext) -> None:
     ctx.require(found is not None and found[0] == 0,
                 expected="the unpinned request at engine 0 (0 in flight vs 2 on engine 1)",
                 observed=f"at engine {found[0] if found else None}")
+
+
+async def _reported_load(ctx: CaseContext, loads: list[tuple[int, int]], idle: int) -> None:
+    """Engines report load from elsewhere (coordinator counts and scheduler_stats); after
+    one finished warm-up request per loaded engine, an unpinned request goes to `idle`."""
+    scripts = [EngineScript(log_stats=True, reported_load=load) for load in loads]
+    group = await ctx.start(scripts)
+    for rank, load in enumerate(loads):
+        if load != (0, 0):
+            warm = await ctx.driver.generate(prompt(300 + rank), 2, data_parallel_rank=rank)
+            await warm.wait(ctx.t(3))
+    await ctx.quiet(0.3)  # stats-only messages and coordinator publications land
+    p = prompt(399)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    ctx.require(found is not None and found[0] == idle,
+                expected=f"the unpinned request at engine {idle}, the only one without "
+                         f"reported load (waiting, running per engine {loads})",
+                observed=f"at engine {found[0] if found else None}")
+
+
+for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1)):
+    def _make_reported(loads: list[tuple[int, int]] = _loads, idle: int = _idle) -> None:
+        n = len(loads)
+
+        @case(f"dp.routing.reported_load_{n}_engines", Level.MUST,
+              f"Load an engine reports (other clients' requests: coordinator counts and "
+              f"scheduler_stats {loads}) counts for routing: an unpinned request goes to "
+              f"engine {idle}, the idle one, although this client has nothing in flight.",
+              source="vllm/v1/engine/core_client.py:1781-1790 score = max(inflight, waiting "
+                     "+ running) (0.33.0); rust-client.md §1.6 apply_scheduler_stats",
+              needs=PINNED)
+        async def reported_load(ctx: CaseContext) -> None:
+            await _reported_load(ctx, loads, idle)
+
+        globals()[f"reported_load_{n}"] = reported_load
+    _make_reported()
+
+
+for _n in (1, 2):
+    def _make_client_index(n: int = _n) -> None:
+        @case(f"dp.client.index_on_every_message_{n}_engines", Level.MUST,
+              f"With {n} engine(s), a single frontend stamps one client_index (0) on every "
+              "ADD and UTILITY it sends, so engines route its outputs to its output socket.",
+              source="vllm/v1/engine/core_client.py:1340, 1611 (0.33.0); core.py:2078-2090; "
+                     "rust client.rs client_fail_closes_when_main_output_path_receives_dp_"
+                     "control (client_index stamped)",
+              needs=[Capability.GENERATE, Capability.IS_SLEEPING])
+        async def client_index(ctx: CaseContext) -> None:
+            group = await ctx.start(n)
+            handles = [await ctx.driver.generate(prompt(500 + i), 2) for i in range(2 * n)]
+            for h in handles:
+                await h.wait(ctx.t(3))
+            await ctx.driver.is_sleeping()
+            adds = [r.client_index for r in group.transcript.adds()]
+            calls = [r.message.client_index for r in group.transcript.utility_calls()]
+            ctx.require(bool(adds) and set(adds) | set(calls) == {0},
+                        expected="client_index 0 on every ADD and UTILITY",
+                        observed=f"ADDs {adds}, UTILITY {calls}")
+
+        globals()[f"client_index_{n}"] = client_index
+    _make_client_index()

@@ -189,6 +189,9 @@ class EngineScript:
     # Emulate `vllm serve`'s default log_stats=True: request events on the first output,
     # SchedulerStats on step messages, and a stats-only message after the engine goes idle.
     log_stats: bool = False
+    # Load from elsewhere (other clients' requests) as (waiting, running): added to what the
+    # coordinator publishes for this engine and to its scheduler_stats (log_stats).
+    reported_load: tuple[int, int] = (0, 0)
 
     def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
         for rule in self.rules:

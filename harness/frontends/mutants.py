@@ -460,6 +460,9 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            dp.ReadySyncOnlyWithDp),
     Mutant("identities_from_zero", "engine identities 0..n-1, start index ignored",
            dp.IdentitiesFromZero),
+    Mutant("reported_load_ignored", "engines' reported load ignored by routing",
+           dp.ReportedLoadIgnored),
+    Mutant("client_index_on_add_wrong", "ADDs carry client_index 1", dp.ClientIndexOnAddOnly),
     Mutant("identity_by_arrival", "ready frames matched to engines by arrival order",
            dp.IdentityByArrival),
     # -- streaming, failure (cores in mutants_streaming.py) --

@@ -215,3 +215,24 @@ class IdentitiesFromZero(ReferenceFrontendCore):
 
     def __init__(self, ranks: Sequence[int], **kwargs: Any) -> None:
         super().__init__(list(range(len(ranks))), **kwargs)
+
+
+class ReportedLoadIgnored(ReferenceFrontendCore):
+    """Routing looks at this client's own in-flight count only."""
+
+    def load_score(self, rank: int) -> int:
+        return self.engines[rank].inflight
+
+
+class ClientIndexOnAddOnly(ReferenceFrontendCore):
+    """ADDs carry client_index 1 (a copy-pasted API-server index), utilities 0."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+        self.client_index = 1
+        try:
+            return super().add_request(prompt, max_tokens,
+                                       data_parallel_rank=data_parallel_rank, stop=stop)
+        finally:
+            self.client_index = 0

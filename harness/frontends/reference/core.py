@@ -43,6 +43,7 @@ class EngineState:
     ready: m.EngineCoreReadyResponse | None = None
     registered: bool = False
     inflight: int = 0
+    reported: int = 0  # waiting + running as the engine or the coordinator last reported
 
 
 @dataclass
@@ -226,9 +227,18 @@ class ReferenceFrontendCore:
                                     f"this frontend's engines {sorted(self.engines)}")
             return data_parallel_rank
         start = next(self._rotation)
-        order = sorted(self.engines, key=lambda r: (self.engines[r].inflight,
+        order = sorted(self.engines, key=lambda r: (self.load_score(r),
                                                     (r - start) % len(self.engines)))
         return order[0]
+
+    def load_score(self, rank: int) -> int:
+        """Own in-flight count, raised to the engine's reported load (other clients' work)."""
+        engine = self.engines[rank]
+        return max(engine.inflight, engine.reported)
+
+    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
+        if rank in self.engines:
+            self.engines[rank].reported = waiting + running
 
     def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
         state = self.requests.pop(rid, None)
@@ -256,6 +266,10 @@ class ReferenceFrontendCore:
         if message.utility_output is not None:
             done = self.on_utility_output(message.engine_index, message.utility_output)
             return [done] if done is not None else []
+        stats = message.scheduler_stats
+        if isinstance(stats, dict) and stats.get("num_running_reqs") is not None:
+            self.on_load_report(message.engine_index, int(stats.get("num_waiting_reqs") or 0),
+                                int(stats["num_running_reqs"]))
         for output in message.outputs:
             self.on_request_output(output)
         return []
@@ -269,8 +283,13 @@ class ReferenceFrontendCore:
                        f"start_wave={message.start_wave})")
 
     def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        """A coordinator publication: the newest wave is what later ADDs carry."""
+        """A coordinator publication: the newest wave is what later ADDs carry; counts (one
+        triple per DP rank, in rank order) are load reports."""
         self.current_wave = update.current_wave
+        ranks = sorted(self.engines)
+        for i, (waiting, running, _kv) in enumerate(update.counts or []):
+            if i < len(ranks):
+                self.on_load_report(ranks[i], int(waiting), int(running))
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
