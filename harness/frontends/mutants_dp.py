@@ -5,7 +5,7 @@ cached once). Registered in `mutants.py`'s dp section.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.frontends.driver import FrontendError, StartupError, StreamHandle
@@ -151,13 +151,23 @@ class ReadyGpuBlocksEngineZero(ReferenceFrontendCore):
 
 
 class IdentityByArrival(ReferenceFrontendCore):
-    """Ready frames are matched to engines by arrival order, not by identity."""
+    """Engines are matched by arrival, not by identity: an unknown identity is taken as the
+    last engine still missing (and keeps that alias)."""
+
+    def _alias(self, identity: bytes, missing: Callable[[EngineState], bool]) -> bytes:
+        aliases: dict[bytes, bytes] = self.__dict__.setdefault("aliases", {})
+        ident = bytes(identity)
+        if ident in self._by_identity:
+            return ident
+        if ident not in aliases:
+            pending = [e for _r, e in sorted(self.engines.items()) if missing(e)]
+            if not pending:
+                return ident
+            aliases[ident] = pending[-1].identity
+        return aliases[ident]
 
     def on_ready(self, identity: bytes, payload: bytes) -> None:
-        pending = [e for _r, e in sorted(self.engines.items()) if not e.registered]
-        if pending and bytes(identity) not in self._by_identity:
-            identity = pending[0].identity
-        super().on_ready(identity, payload)
+        super().on_ready(self._alias(identity, lambda e: not e.registered), payload)
 
 
 class RankOffByOne(ReferenceFrontendCore):
@@ -184,15 +194,12 @@ class ServesBeforeHandshakeReady(ReferenceFrontendCore):
         return self.hello_seen == set(self.engines)
 
 
-class HelloIdentityUnchecked(ReferenceFrontendCore):
-    """A HELLO from an unknown identity is taken as the next engine still missing."""
+class HelloIdentityUnchecked(IdentityByArrival):
+    """Identities are opaque at HELLO too: engines are matched by arrival throughout."""
 
     def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
-        known = self._by_identity.get(bytes(identity))
-        if known is not None:
-            return known
-        pending = [e for _r, e in sorted(self.engines.items()) if e.rank not in self.hello_seen]
-        return pending[0] if pending else super()._handshake_engine(identity, stage)
+        alias = self._alias(identity, lambda e: e.rank not in self.hello_seen)
+        return super()._handshake_engine(alias, stage)
 
 
 class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
@@ -236,3 +243,17 @@ class ClientIndexOnAddOnly(ReferenceFrontendCore):
                                        data_parallel_rank=data_parallel_rank, stop=stop)
         finally:
             self.client_index = 0
+
+
+class ServesWithHelloQuorum(ReferenceFrontendCore):
+    """Handshake mode counts the engines that said HELLO, not the engines configured."""
+
+    @property
+    def handshake_complete(self) -> bool:
+        return bool(self.hello_seen) and self.handshake_ready_seen == self.hello_seen
+
+    @property
+    def registered(self) -> bool:
+        if not self.hello_seen:
+            return super().registered
+        return all(self.engines[r].registered for r in self.hello_seen)
