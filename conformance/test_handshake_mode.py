@@ -4,8 +4,8 @@ vLLM 0.33.0: `wait_for_engine_startup` (`v1/engine/utils.py:1403-1580`): each en
 (`:1517`) is answered with INIT carrying the input/output addresses, READY (`:1552`) ends its
 startup, every receive bounded; engines send HELLO/READY from `core.py:1401-1425`. Rust
 HandshakeOwner (rust-client.md §2.2): the same stages, "Duplicate HELLO id -> error", a
-per-stage `HandshakeTimeout{stage}`. Drivers that cannot run a frontend in this mode report
-UNSUPPORTED with the reason (see vllm_py.py / vllm_rs.py start()).
+per-stage `HandshakeTimeout{stage}`. vllm-rs runs it as `vllm-rs serve` (vllm_rs_handshake.py);
+drivers that cannot run a frontend in this mode report UNSUPPORTED with the reason (vllm_py.py).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ async def missing_ready(ctx: CaseContext) -> None:
 async def missing_ready_named(ctx: CaseContext) -> None:
     text = await _startup_refused(ctx, [EngineScript(), EngineScript(handshake_ready=False)],
                                   1.5)
-    ctx.require(bool(re.search(r"\b1\b", text)) and "READY" in text.upper(),
+    named = re.search(r"(engine|rank|dp)\D{0,20}\b1\b", text, re.I) or "0100" in text
+    ctx.require(bool(named) and "READY" in text.upper(),
                 expected="an error naming engine 1 and the READY stage", observed=text)
 
 
