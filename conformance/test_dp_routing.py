@@ -239,3 +239,20 @@ for _n in (1, 2):
 
         globals()[f"client_index_{n}"] = client_index
     _make_client_index()
+
+
+@case("dp.routing.least_loaded_burst", Level.MUST,
+      "Requests just sent count at once: two pinned to engine 0 and two to engine 2, then "
+      "immediately an unpinned one (no output or coordinator update in between) goes to "
+      "engine 1.", source=LB, needs=PINNED)
+async def least_loaded_burst(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
+    for i, rank in enumerate((0, 2, 0, 2)):
+        await ctx.driver.generate(prompt(600 + i), 50, data_parallel_rank=rank)
+    p = prompt(699)
+    handle = await ctx.driver.generate(p, 50)
+    await handle.wait_first(ctx.t(3))
+    found = request_for(group, p)
+    ctx.require(found is not None and found[0] == 1,
+                expected="the unpinned request at engine 1 (in flight: 2, 0, 2)",
+                observed=f"at engine {found[0] if found else None}")

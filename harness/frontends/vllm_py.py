@@ -214,8 +214,11 @@ class VllmPyDriver(FrontendDriver):
             # coordinator process; with client_addresses (pre-started engines) no handshake
             # socket exists (core_client.py:727-750).
             raise UnsupportedOperation(
-                "handshake mode: AsyncLLM runs HELLO/INIT/READY only while launching its own "
-                "engine processes (launch_core_engines); this driver starts it with "
+                "handshake mode: AsyncLLM runs HELLO/INIT/READY only inside "
+                "launch_core_engines, which spawns its own engine (and, for DP, coordinator) "
+                "processes, and whose wait_for_engine_startup polls with no timeout "
+                "(v1/engine/utils.py:1439-1452), so a case withholding HELLO or READY would "
+                "block the event loop for good; this driver starts AsyncLLM with "
                 "client_addresses, where no handshake socket exists")
         if group.engines[0].rank != 0:
             # AsyncLLM's identities are engine_ranks_managed = 0..dp_size-1 of its own config
