@@ -66,12 +66,15 @@ class CaseContext:
             raise CaseUnsupported(f"driver {self.driver.name!r} lacks {', '.join(missing)}")
 
     async def start(self, scripts: Sequence[EngineScript] | int = 1, *,
-                    startup_timeout: float = 10.0) -> EngineGroup:
+                    startup_timeout: float = 10.0, rank_offset: int = 0,
+                    handshake: bool = False) -> EngineGroup:
         """Start the engines behind the frontend under test and wait until it serves."""
         scripts = [EngineScript() for _ in range(scripts)] if isinstance(scripts, int) \
             else list(scripts)
         coordinator = self._ipc.address("dp-stats") if len(scripts) > 1 else None
-        self.group = EngineGroup(scripts, coordinator_address=coordinator)
+        self.group = EngineGroup(scripts, coordinator_address=coordinator,
+                                 rank_offset=rank_offset)
+        self.group.handshake = handshake
         await self.driver.start(self.group, self.t(startup_timeout))
         self.needs(*self.spec.needs)  # drivers may learn their capabilities at start
         return self.group

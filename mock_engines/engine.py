@@ -247,7 +247,8 @@ class MockEngineCore:
             return None
         self._step_counter += 1
         return {
-            "num_running_reqs": len(self.live), "num_waiting_reqs": 0,
+            "num_running_reqs": len(self.live) + self.script.reported_load[1],
+            "num_waiting_reqs": self.script.reported_load[0],
             "num_skipped_waiting_reqs": 0,
             "num_kv_fetch_reqs_by_stage": {"waiting_to_start": 0, "in_progress": 0,
                                            "completed_waiting": 0},
@@ -295,7 +296,8 @@ class MockEngineCore:
 
     def counts(self) -> tuple[int, int]:
         """(waiting, running) as a DP coordinator would publish them."""
-        return 0, len(self.live)
+        waiting, running = self.script.reported_load
+        return waiting, len(self.live) + running
 
     def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
         frames = self.codec.encode_outputs(outputs)

@@ -92,6 +92,7 @@ class MockCoordinator:
         self._bound = threading.Event()
         self.failure: BaseException | None = None
         self.wave = 0
+        self.running: bool | None = None  # None: published as "any engine has live work"
         self._thread = threading.Thread(target=self._run, name="mock-dp-coordinator",
                                         daemon=True)
 
@@ -129,7 +130,9 @@ class MockCoordinator:
                                                   "subscription"))
                 if time.monotonic() >= next_publish:
                     counts = [(w, r, 0.0) for w, r in (e.core.counts() for e in self._engines)]
-                    update = m.DPStatsUpdate(counts, self.wave, any(r for _, r, _ in counts))
+                    running = (any(r for _, r, _ in counts) if self.running is None
+                               else self.running)
+                    update = m.DPStatsUpdate(counts, self.wave, running)
                     payload = self._codec.encode_dp_stats(update)
                     sock.send(payload)
                     self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
@@ -164,6 +167,9 @@ class EngineGroup:
         self.transcript = MergedTranscript(parts)
         self._started = False
         self._closed = False
+        # Set by cases that need the frontend to own HELLO / INIT / READY (start_handshake);
+        # a driver that cannot must refuse to start (UnsupportedOperation), never fall back.
+        self.handshake = False
 
     def __len__(self) -> int:
         return len(self.engines)

@@ -146,8 +146,9 @@ class EngineRunner:
 
     def _handshake(self, hs: Handshake) -> tuple[list[str], list[str]]:
         core = self.core
-        self._hs = sock = make_socket(self.ctx, zmq.DEALER,
-                                      identity=engine_identity(core.rank))
+        alias = core.script.register_as
+        self._hs = sock = make_socket(self.ctx, zmq.DEALER, identity=engine_identity(
+            core.rank if alias is None else alias))
         sock.connect(hs.address)
         hello = core.codec.encode_hello(hs.local, hs.headless)
         sock.send(hello)
@@ -174,6 +175,8 @@ class EngineRunner:
 
     def _finish_handshake(self) -> None:
         assert self._hs is not None and isinstance(self.connection, Handshake)
+        if not self.core.script.handshake_ready:
+            return
         ready = self.core.codec.encode_handshake_ready(self.connection.local,
                                                        self.connection.headless)
         self._hs.send(ready)
@@ -186,7 +189,8 @@ class EngineRunner:
             self._hs = None
 
     def _connect(self, inputs: list[str], outputs: list[str]) -> None:
-        ident = engine_identity(self.core.rank)
+        alias = self.core.script.register_as
+        ident = engine_identity(self.core.rank if alias is None else alias)
         for addr in inputs:
             sock = make_socket(self.ctx, zmq.DEALER, identity=ident)
             sock.connect(addr)
@@ -198,6 +202,11 @@ class EngineRunner:
 
     def _register(self) -> None:
         if not self.core.script.register:
+            return
+        deadline = time.monotonic() + self.core.script.ready_delay
+        while not self._stop and time.monotonic() < deadline:  # stop stays prompt
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        if self._stop:
             return
         payload = self.core.ready_payload()
         for sock in self._inputs:

@@ -172,6 +172,12 @@ class EngineScript:
     # Raw bytes sent instead of the encoded ready response (malformed-ready cases).
     ready_payload: bytes | None = None
     register: bool = True  # False: never send the ready frame
+    # Seconds to wait after connecting before registering (orders the ready frames).
+    ready_delay: float = 0.0
+    # Register under another rank's identity (unexpected or duplicate engine ids).
+    register_as: int | None = None
+    # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
+    handshake_ready: bool = True
     rules: list[Rule] = field(default_factory=list)
     default: StepFactory = default_steps
     utilities: dict[str, UtilityReply] = field(default_factory=dict)
@@ -183,6 +189,9 @@ class EngineScript:
     # Emulate `vllm serve`'s default log_stats=True: request events on the first output,
     # SchedulerStats on step messages, and a stats-only message after the engine goes idle.
     log_stats: bool = False
+    # Load from elsewhere (other clients' requests) as (waiting, running): added to what the
+    # coordinator publishes for this engine and to its scheduler_stats (log_stats).
+    reported_load: tuple[int, int] = (0, 0)
 
     def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
         for rule in self.rules:

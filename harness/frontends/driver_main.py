@@ -110,11 +110,17 @@ class DriverProgram:
             raise FrontendError(f"unsupported protocol {msg.get('protocol')!r}")
         workdir = str(msg["workdir"])
         inputs, outputs = f"ipc://{workdir}/in.sock", f"ipc://{workdir}/out.sock"
-        self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]])
-        self.frontend.bind(inputs, outputs)
-        return {"name": "reference (subprocess)", "inputs": [inputs], "outputs": [outputs],
-                "capabilities": list(OLD_CAPABILITIES) if self.fault == "old_protocol"
-                else sorted(c.value for c in ALL_CAPABILITIES)}
+        stats = msg.get("stats_address")
+        self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
+                                          stats_address=str(stats) if stats else None)
+        capabilities = (list(OLD_CAPABILITIES) if self.fault == "old_protocol"
+                        else sorted(c.value for c in ALL_CAPABILITIES))
+        reply: dict[str, Any] = {"name": "reference (subprocess)", "inputs": [inputs],
+                                 "outputs": [outputs], "capabilities": capabilities}
+        if msg.get("handshake"):  # the frontend owns HELLO / INIT / READY
+            reply["handshake"] = f"ipc://{workdir}/handshake.sock"
+        self.frontend.bind(inputs, outputs, reply.get("handshake"))
+        return reply
 
     async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:
         await self.fe().wait_ready(float(msg.get("timeout_s", 10.0)))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.frontends import mutants_dp as dp
 from harness.frontends.driver import StartupError, StreamHandle
 from harness.frontends.mutants_abort import (
     AbortAcrossEnginesOneFrame,
@@ -457,6 +458,50 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "explicit abort sends finished, dropped and aborted ids again",
            ExplicitAbortUsesHistory),
     # -- dp, ready, handshake (cores in mutants_dp.py) --
+    Mutant("rank_indexes_engine_list", "data_parallel_rank used as a list index (-1 = last)",
+           dp.RankIndexesEngineList),
+    Mutant("rank_wraps_modulo", "data_parallel_rank wrapped modulo the engine count",
+           dp.RankWrapsModulo),
+    Mutant("rank_off_by_one", "the last engine's rank refused (off-by-one range check)",
+           dp.RankOffByOne),
+    Mutant("rank_unchecked", "out-of-range data_parallel_rank sent to a missing identity",
+           dp.RankUnchecked),
+    Mutant("round_robin_routing", "unpinned requests rotate, ignoring in-flight load",
+           dp.RoundRobinRouting),
+    Mutant("pinned_not_counted", "pinned requests not counted as in flight",
+           dp.PinnedNotCounted),
+    Mutant("inflight_never_released", "in-flight count not released when a request ends",
+           dp.InflightNeverReleased),
+    Mutant("wave_never_stamped", "ADDs always carry current_wave 0", dp.WaveNeverStamped),
+    Mutant("wave_first_only", "the first published wave is cached forever", dp.WaveFirstOnly),
+    Mutant("wave_only_while_running", "the wave moves only while engines run",
+           dp.WaveFromWaveCompleteOnly),
+    Mutant("dp_control_ignored", "DP control on the main output path ignored",
+           dp.DpControlIgnored),
+    Mutant("max_model_len_last_wins", "max_model_len from the last ready response",
+           dp.ReadyMaxModelLenLastWins),
+    Mutant("max_model_len_first_wins", "max_model_len from the first ready response",
+           dp.ReadyMaxModelLenFirstWins),
+    Mutant("gpu_blocks_engine_zero_times_n", "num_gpu_blocks = engine 0's value x count",
+           dp.ReadyGpuBlocksEngineZero),
+    Mutant("init_without_outputs", "INIT carries no output address", dp.InitWithoutOutputs),
+    Mutant("serves_before_handshake_ready", "READY of the handshake not awaited",
+           dp.ServesBeforeHandshakeReady),
+    Mutant("serves_with_hello_quorum", "handshake counts engines that said HELLO only",
+           dp.ServesWithHelloQuorum),
+    Mutant("hello_identity_unchecked", "engines matched by arrival at HELLO and registration",
+           dp.HelloIdentityUnchecked),
+    Mutant("handshake_timeout_unnamed", "handshake timeout names no engine or stage",
+           dp.HandshakeTimeoutUnnamed),
+    Mutant("ready_sync_only_with_dp", "a single engine's ready response not applied",
+           dp.ReadySyncOnlyWithDp),
+    Mutant("identities_from_zero", "engine identities 0..n-1, start index ignored",
+           dp.IdentitiesFromZero),
+    Mutant("reported_load_ignored", "engines' reported load ignored by routing",
+           dp.ReportedLoadIgnored),
+    Mutant("client_index_on_add_wrong", "ADDs carry client_index 1", dp.ClientIndexOnAddOnly),
+    Mutant("identity_by_arrival", "ready frames matched to engines by arrival order",
+           dp.IdentityByArrival),
     # -- streaming, failure (cores in mutants_streaming.py) --
     # -- utility (cores in mutants_utility.py) --
     Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "

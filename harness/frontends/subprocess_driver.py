@@ -210,11 +210,15 @@ class SubprocessDriver(FrontendDriver):
         reply = await self._command(
             "init", timeout=timeout, protocol=PROTOCOL, workdir=self._workdir.name,
             engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group),
-            stats_address=group.stats_address, timescale=scaled(1.0))
+            stats_address=group.stats_address, timescale=scaled(1.0),
+            **({"handshake": True} if group.handshake else {}))
         self.capabilities = frozenset(Capability(c) for c in reply.get("capabilities", [])
                                       if c in Capability._value2member_map_)
+        if group.handshake and "handshake" not in reply:
+            raise UnsupportedOperation("init: handshake mode was requested but the driver "
+                                       "program answered without a 'handshake' address")
         if "handshake" in reply:
-            group.start_handshake(str(reply["handshake"]))
+            group.start_handshake(str(reply["handshake"]), timeout=timeout)
         else:
             group.start_bootstrapped(list(reply["inputs"]), list(reply["outputs"]))
         await self._command("wait_ready", timeout=timeout + scaled(1.0), timeout_s=timeout)

@@ -63,6 +63,7 @@ from harness.frontends.driver import (
     ObservedConfig,
     StartupError,
     StreamHandle,
+    UnsupportedOperation,
     check_generate_options,
 )
 from harness.frontends.vllm_py_utilities import async_llm_call, normalise
@@ -210,6 +211,25 @@ class VllmPyDriver(FrontendDriver):
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmPyDriver starts once")
         deadline = time.monotonic() + timeout
+        if group.handshake:
+            # AsyncLLM owns HELLO/INIT/READY only inside launch_core_engines (engine/utils.py
+            # 1206-1401), which also spawns the engine processes and, for DP, a real DP
+            # coordinator process; with client_addresses (pre-started engines) no handshake
+            # socket exists (core_client.py:727-750).
+            raise UnsupportedOperation(
+                "handshake mode: AsyncLLM runs HELLO/INIT/READY only inside "
+                "launch_core_engines, which spawns its own engine (and, for DP, coordinator) "
+                "processes, and whose wait_for_engine_startup polls with no timeout "
+                "(v1/engine/utils.py:1439-1452), so a case withholding HELLO or READY would "
+                "block the event loop for good; this driver starts AsyncLLM with "
+                "client_addresses, where no handshake socket exists")
+        if group.engines[0].rank != 0:
+            # AsyncLLM's identities are engine_ranks_managed = 0..dp_size-1 of its own config
+            # (core_client.py:752-755); a frontend owning ranks from a nonzero start index is
+            # an external/hybrid-LB API server per rank, a config this driver does not build.
+            raise UnsupportedOperation(
+                f"engines start at rank {group.engines[0].rank}: this driver builds AsyncLLM "
+                f"for ranks 0..N-1 only (external/hybrid-LB configs are not built)")
         vllm = _load_vllm()
         dp_size = len(group.engines)
         try:

@@ -19,6 +19,10 @@ goes through the frontend's own HTTP surface, exactly as a client sees it:
   over HTTP (not in /metrics, /server_info or /v1/models). They are read from the gRPC Control
   service instead (`--grpc-listen-fd`, `GetServerInfo`; see vllm_rs_control.py).
 
+Cases that need the frontend to own HELLO / INIT / READY (`group.handshake`) run `vllm-rs serve`
+instead, the Rust HandshakeOwner transport, with a stand-in for its managed Python engine
+(vllm_rs_handshake.py); the HTTP surface is the same.
+
 The HTTP client is a small hand-written asyncio HTTP/1.1 client (one connection per request,
 `Connection: close`, chunked or sized bodies): no dependency, and a dropped stream is simply
 its socket being closed.
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from harness.frontends import vllm_rs_handshake as hs
 from harness.frontends.driver import (
     Capability,
     FrontendDriver,
@@ -293,6 +298,9 @@ class VllmRsDriver(FrontendDriver):
         return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
 
     async def start(self, group: EngineGroup, timeout: float) -> None:
+        if group.handshake:
+            await self._start_handshake_owner(group, timeout)
+            return
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")
@@ -321,6 +329,26 @@ class VllmRsDriver(FrontendDriver):
         # a backlog nobody accepts from.
         self._close_listeners()
         group.start_bootstrapped(["ipc://" + in_path], ["ipc://" + out_path])
+        await self._wait_serving(deadline)
+
+    async def _start_handshake_owner(self, group: EngineGroup, timeout: float) -> None:
+        """`vllm-rs serve` owns HELLO / INIT / READY; the engines answer it (see
+        vllm_rs_handshake.py)."""
+        deadline = time.monotonic() + timeout
+        self._ipc = PrivateIpcDir(prefix="cw-rs-")
+        handshake_port, self.port = hs.free_tcp_port(), hs.free_tcp_port()
+        cmd = hs.serve_command(str(_binary()), _model_dir(), hs.write_stand_in(self._ipc.path),
+                               handshake_port, self.port, len(group.engines),
+                               max(1, math.floor(timeout - 0.5)))
+        self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
+        env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
+               "NO_COLOR": "1"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env)
+        _LIVE.add(self.proc)
+        group.start_handshake(f"tcp://127.0.0.1:{handshake_port}", local=False, headless=True,
+                              timeout=timeout)
         await self._wait_serving(deadline)
 
     def _close_listeners(self) -> None:

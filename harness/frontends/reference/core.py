@@ -52,6 +52,7 @@ class EngineState:
     ready: m.EngineCoreReadyResponse | None = None
     registered: bool = False
     inflight: int = 0
+    reported: int = 0  # waiting + running as the engine or the coordinator last reported
 
 
 @dataclass
@@ -102,6 +103,9 @@ class ReferenceFrontendCore:
         self._block_sizes: dict[int, int] = {}
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
         self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
+        self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
+        self.hello_seen: set[int] = set()  # handshake mode: ranks that sent HELLO
+        self.handshake_ready_seen: set[int] = set()  # ... and READY
 
     # ------------------------------------------------------------ registration
 
@@ -145,6 +149,58 @@ class ReferenceFrontendCore:
         if len(set(self._block_sizes.values())) > 1:
             raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
 
+    # ------------------------------------------------------------ handshake mode
+
+    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
+        engine = self._by_identity.get(bytes(identity))
+        if engine is None:
+            raise StartupError(f"{stage} from unexpected engine identity "
+                               f"{bytes(identity).hex()}")
+        return engine
+
+    def _handshake_status(self, engine: EngineState, payload: bytes) -> str:
+        try:
+            return self.codec.decode_handshake_status(payload).status
+        except ProtocolError as exc:
+            raise StartupError(f"engine {engine.rank} sent an invalid handshake message: "
+                               f"{exc.detail}") from exc
+
+    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
+                     outputs: Sequence[str]) -> bytes | None:
+        """One message on the handshake ROUTER: HELLO is answered with INIT (the addresses
+        to connect to; returned), READY is recorded. Anything out of order is refused."""
+        engine = self._handshake_engine(identity, "handshake message")
+        status = self._handshake_status(engine, payload)
+        if status == "HELLO":
+            if engine.rank in self.hello_seen:
+                raise StartupError(f"engine {engine.rank} sent HELLO twice")
+            self.hello_seen.add(engine.rank)
+            return self.init_message(engine.rank, inputs, outputs)
+        if engine.rank not in self.hello_seen or engine.rank in self.handshake_ready_seen:
+            raise StartupError(f"engine {engine.rank} sent READY out of order")
+        self.handshake_ready_seen.add(engine.rank)
+        return None
+
+    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
+        addresses = m.EngineZmqAddresses(list(inputs), list(outputs))
+        return self.codec.encode_init(m.EngineHandshakeMetadata(addresses, {}))
+
+    @property
+    def handshake_complete(self) -> bool:
+        return self.handshake_ready_seen == set(self.engines)
+
+    def handshake_timeout(self, timeout: float) -> StartupError:
+        """Names the engines missing at the first stage that is incomplete."""
+        for stage, seen in (("HELLO", self.hello_seen),
+                            ("ready response", {r for r, e in self.engines.items()
+                                                if e.registered}),
+                            ("READY", self.handshake_ready_seen)):
+            missing = sorted(set(self.engines) - seen)
+            if missing:
+                return StartupError(f"handshake: no {stage} from engines {missing} within "
+                                    f"{timeout:.1f}s")
+        return StartupError("handshake timed out")
+
     # ------------------------------------------------------------------ requests
 
     def _check_alive(self) -> None:
@@ -170,7 +226,8 @@ class ReferenceFrontendCore:
                                   _all_stop_token_ids={EOS_TOKEN_ID}, extra_args=extra_args)
         request = m.EngineCoreRequest(
             rid, list(prompt), None, sampling, None, time.time(), None, cache_salt,
-            data_parallel_rank, client_index=self.client_index, external_req_id=rid)
+            data_parallel_rank, client_index=self.client_index,
+            current_wave=self.current_wave, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
 
     def assign_request_id(self, request_id: str | None) -> str:
@@ -197,9 +254,18 @@ class ReferenceFrontendCore:
                                     f"this frontend's engines {sorted(self.engines)}")
             return data_parallel_rank
         start = next(self._rotation)
-        order = sorted(self.engines, key=lambda r: (self.engines[r].inflight,
+        order = sorted(self.engines, key=lambda r: (self.load_score(r),
                                                     (r - start) % len(self.engines)))
         return order[0]
+
+    def load_score(self, rank: int) -> int:
+        """Own in-flight count, raised to the engine's reported load (other clients' work)."""
+        engine = self.engines[rank]
+        return max(engine.inflight, engine.reported)
+
+    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
+        if rank in self.engines:
+            self.engines[rank].reported = waiting + running
 
     def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
         state = self.requests.pop(rid, None)
@@ -221,12 +287,36 @@ class ReferenceFrontendCore:
         if isinstance(message, EngineDead):
             self.mark_dead("ENGINE_CORE_DEAD received")
             return []
+        if message.wave_complete is not None or message.start_wave is not None:
+            self.on_dp_control(message)
+            return []
         if message.utility_output is not None:
             done = self.on_utility_output(message.engine_index, message.utility_output)
             return [done] if done is not None else []
+        stats = message.scheduler_stats
+        if isinstance(stats, dict) and stats.get("num_running_reqs") is not None:
+            self.on_load_report(message.engine_index, int(stats.get("num_waiting_reqs") or 0),
+                                int(stats["num_running_reqs"]))
         for output in message.outputs:
             self.on_request_output(output)
         return []
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        """wave_complete / start_wave belong on the coordinator's path; on the main output
+        path they mean a miswired engine or coordinator, so the client fails closed
+        (vLLM's Rust client: UnexpectedDispatcherOutput)."""
+        self.mark_dead(f"DP control on the main output path from engine "
+                       f"{message.engine_index} (wave_complete={message.wave_complete}, "
+                       f"start_wave={message.start_wave})")
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        """A coordinator publication: the newest wave is what later ADDs carry; counts (one
+        triple per DP rank, in rank order) are load reports."""
+        self.current_wave = update.current_wave
+        ranks = sorted(self.engines)
+        for i, (waiting, running, _kv) in enumerate(update.counts or []):
+            if i < len(ranks):
+                self.on_load_report(ranks[i], int(waiting), int(running))
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)

@@ -48,9 +48,15 @@ class ReferenceDriver(FrontendDriver):
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
                                           core_factory=self.core_factory,
+                                          stats_address=group.stats_address,
                                           **self.frontend_kwargs)
-        self.frontend.bind(inputs, outputs)
-        group.start_bootstrapped([inputs], [outputs])
+        if group.handshake:
+            handshake = self._ipc.address("handshake")
+            self.frontend.bind(inputs, outputs, handshake)
+            group.start_handshake(handshake, timeout=timeout)
+        else:
+            self.frontend.bind(inputs, outputs)
+            group.start_bootstrapped([inputs], [outputs])
         await self.frontend.wait_ready(timeout)
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,

@@ -22,6 +22,7 @@ from harness.frontends.driver import FrontendError, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
 from harness.timing import scaled
 from harness.transport.sockets import make_socket
+from harness.wire import ProtocolError
 
 CoreFactory = Callable[[Sequence[int]], ReferenceFrontendCore]
 
@@ -32,8 +33,10 @@ class ReferenceFrontend:
     def __init__(self, ranks: Sequence[int], *,
                  core_factory: CoreFactory = ReferenceFrontendCore,
                  utility_timeout: float | None = None, fail_calls_on_death: bool = True,
-                 first_output_deadline: float | None = None) -> None:
+                 first_output_deadline: float | None = None,
+                 stats_address: str | None = None) -> None:
         self.core = core_factory(list(ranks))
+        self.stats_address = stats_address  # the DP coordinator's XPUB (waves, load)
         self.utility_timeout = scaled(3.0) if utility_timeout is None else utility_timeout
         # Both knobs exist for the mutant self-test; the defaults are the correct behaviour.
         self.fail_calls_on_death = fail_calls_on_death
@@ -41,6 +44,9 @@ class ReferenceFrontend:
         self._ctx = zmq.asyncio.Context()
         self._router: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None
+        self._stats: zmq.asyncio.Socket | None = None
+        self._handshake: zmq.asyncio.Socket | None = None
+        self._addresses: tuple[list[str], list[str]] = ([], [])
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[int, asyncio.Future[PendingUtility]] = {}
         self._drop_signal = asyncio.Event()
@@ -48,17 +54,30 @@ class ReferenceFrontend:
 
     # ------------------------------------------------------------------ startup
 
-    def bind(self, input_address: str, output_address: str) -> None:
+    def bind(self, input_address: str, output_address: str,
+             handshake_address: str | None = None) -> None:
+        """Bind input and output; with a handshake address the frontend also owns
+        HELLO / INIT / READY (engines learn the input/output addresses from INIT)."""
         ctx = cast("zmq.Context[zmq.Socket[bytes]]", self._ctx)
+        self._addresses = ([input_address], [output_address])
+        if handshake_address is not None:
+            self._handshake = hs = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
+            hs.bind(handshake_address)
         self._router = router = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
         self._pull = pull = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.PULL))
         router.bind(input_address)
         pull.bind(output_address)
+        if self.stats_address is not None:  # subscribed before the engines register
+            self._stats = stats = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.SUB))
+            stats.setsockopt(zmq.SUBSCRIBE, b"")
+            stats.connect(self.stats_address)
 
     async def wait_ready(self, timeout: float) -> None:
         """Read one ready frame per engine; StartupError names the engines that never came."""
         assert self._router is not None
         deadline = time.monotonic() + timeout
+        if self._handshake is not None:
+            await self._run_handshake(deadline, timeout)
         while not self.core.registered:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -73,6 +92,34 @@ class ReferenceFrontend:
         self._tasks = [asyncio.create_task(self._read_outputs()),
                        asyncio.create_task(self._drain_aborts()),
                        asyncio.create_task(self._watch_disconnects())]
+        if self._stats is not None:
+            self._tasks.append(asyncio.create_task(self._read_dp_stats()))
+
+    async def _run_handshake(self, deadline: float, timeout: float) -> None:
+        """HELLO -> INIT per engine, their ready frames, then READY from every engine."""
+        assert self._handshake is not None and self._router is not None
+        poller = zmq.asyncio.Poller()
+        poller.register(self._handshake, zmq.POLLIN)
+        poller.register(self._router, zmq.POLLIN)
+        while not (self.core.handshake_complete and self.core.registered):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.core.handshake_timeout(timeout)
+            events = dict(await poller.poll(remaining * 1000))
+            if self._router in events:
+                frames = await self._router.recv_multipart()
+                if len(frames) != 2:
+                    raise StartupError(f"ready message must be [identity, payload], got "
+                                       f"{len(frames)} frames")
+                self.core.on_ready(frames[0], frames[1])
+            if self._handshake in events:
+                frames = await self._handshake.recv_multipart()
+                if len(frames) != 2:
+                    raise StartupError(f"handshake message must be [identity, payload], "
+                                       f"got {len(frames)} frames")
+                init = self.core.on_handshake(frames[0], frames[1], *self._addresses)
+                if init is not None:
+                    await self._handshake.send_multipart([frames[0], init])
 
     # ------------------------------------------------------------------ requests
 
@@ -165,6 +212,17 @@ class ReferenceFrontend:
             if self.core.dead is not None:
                 self._fail_waiters(self.core.dead)
 
+    async def _read_dp_stats(self) -> None:
+        """Coordinator publications; an undecodable one is skipped (load info only)."""
+        assert self._stats is not None
+        while True:
+            payload = await self._stats.recv()
+            try:
+                update = self.core.codec.decode_dp_stats(payload)
+            except ProtocolError:
+                continue
+            self.core.on_dp_stats(update)
+
     async def _drain_aborts(self) -> None:
         while True:
             await self._drop_signal.wait()
@@ -217,7 +275,7 @@ class ReferenceFrontend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_waiters(EngineDeadError("frontend closed"))
-        for sock in (self._router, self._pull):
+        for sock in (self._router, self._pull, self._stats, self._handshake):
             if sock is not None:
                 sock.close(0)
         self._ctx.term()

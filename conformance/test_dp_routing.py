@@ -1,0 +1,258 @@
+"""DP request routing at its boundaries: every engine count 1..4, every rank, invalid ranks,
+and load balancing by in-flight count.
+
+Both 0.33.0 frontends validate an explicit rank (Python: `input_processor.py:396-400`
+"data_parallel_rank ... is out of range"; Rust: `Error::InvalidDataParallelRank`) and send
+nothing for a refused request; both route unpinned requests to the engine with the fewest
+in-flight requests (Python DPLB `core_client.py:1763-1800` floors the score at its own
+in-flight count; Rust `client/state.rs` routing_score = inflight before stats arrive).
+"""
+
+from __future__ import annotations
+
+from harness.case_context import CaseContext
+from harness.casekit import hold, prompt, request_for
+from harness.frontends.driver import Capability, FrontendError, StreamHandle
+from harness.verdicts import Level, case
+from mock_engines.script import Emit, EngineScript, Finish, any_request, by_prompt
+
+RANGE = ("vllm/v1/engine/input_processor.py:396-400 (0.33.0); rust-client.md §1.6 "
+         "InvalidDataParallelRank")
+LB = ("vllm/v1/engine/core_client.py:1763-1800 DPLB engine_inflight floor (0.33.0); "
+      "rust-client.md §1.6 routing_score")
+PINNED = [Capability.GENERATE, Capability.DP_RANK]
+
+
+async def _explicit_every_rank(ctx: CaseContext, engines: int) -> None:
+    """Each rank, in reversed then forward order, gets exactly the requests pinned to it."""
+    group = await ctx.start(engines)
+    order = [*reversed(range(engines)), *range(engines)]
+    for i, rank in enumerate(order):
+        p = prompt(40 + i)
+        handle = await ctx.driver.generate(p, 2, data_parallel_rank=rank)
+        await handle.wait(ctx.t(3))
+        found = request_for(group, p)
+        ctx.require(found is not None and found[0] == rank,
+                    expected=f"the ADD for data_parallel_rank={rank} at engine {rank}",
+                    observed=f"at engine {found[0] if found else None}")
+        ctx.require(handle.finish_reason == "length",
+                    expected="the pinned request completes",
+                    observed=f"{handle.finish_reason} error={handle.error}")
+
+
+for _n in (1, 2, 3, 4):
+    def _make_explicit(n: int = _n) -> None:
+        @case(f"dp.routing.explicit_every_rank_{n}_engines", Level.MUST,
+              f"With {n} engine(s), a request pinned to data_parallel_rank r goes to engine r "
+              "only, for every r, in any order.", source=RANGE, needs=PINNED)
+        async def explicit_every_rank(ctx: CaseContext) -> None:
+            await _explicit_every_rank(ctx, n)
+
+        globals()[f"explicit_every_rank_{n}"] = explicit_every_rank
+    _make_explicit()
+
+
+async def _rank_refused(ctx: CaseContext, engines: int, rank: int) -> None:
+    """Refused: an error to the caller, no ADD anywhere, and the frontend keeps serving."""
+    group = await ctx.start(engines)
+    bad = prompt(700)
+    outcome = ""
+    try:
+        handle = await ctx.driver.generate(bad, 2, data_parallel_rank=rank)
+    except FrontendError as exc:
+        outcome = f"refused: {exc}"
+    else:
+        try:
+            await handle.wait(ctx.t(3))
+        except TimeoutError:
+            outcome = "the stream neither completed nor failed within 3 s"
+        else:
+            outcome = (f"refused: {handle.error}" if handle.finish_reason == "error"
+                       else f"served ({handle.finish_reason}, {len(handle.tokens)} tokens)")
+    await ctx.quiet(0.2)
+    found = request_for(group, bad)
+    ctx.require(found is None, expected=f"no ADD for data_parallel_rank={rank} "
+                                        f"({engines} engine(s))",
+                observed=f"an ADD reached engine {found[0] if found else None}; {outcome}")
+    ctx.require(outcome.startswith("refused"),
+                expected=f"the request with data_parallel_rank={rank} is refused with an "
+                         f"error", observed=outcome)
+    good = await ctx.driver.generate(prompt(701), 2, data_parallel_rank=engines - 1)
+    await good.wait(ctx.t(3))
+    ctx.require(good.finish_reason == "length",
+                expected="a valid request still completes after the refusal",
+                observed=f"{good.finish_reason} error={good.error}")
+
+
+for _n in (1, 2, 3, 4):
+    def _make_out_of_range(n: int = _n) -> None:
+        @case(f"dp.routing.rank_out_of_range_{n}_engines", Level.MUST,
+              f"With {n} engine(s), data_parallel_rank={n} (one past the last) is refused with "
+              "an error and no ADD is sent; the frontend keeps serving.", source=RANGE,
+              needs=PINNED)
+        async def rank_out_of_range(ctx: CaseContext) -> None:
+            await _rank_refused(ctx, n, n)
+
+        globals()[f"rank_out_of_range_{n}"] = rank_out_of_range
+    _make_out_of_range()
+
+
+@case("dp.routing.rank_negative", Level.MUST,
+      "data_parallel_rank=-1 is refused with an error and no ADD is sent (not taken as "
+      "'the last engine').", source=RANGE, needs=PINNED)
+async def rank_negative(ctx: CaseContext) -> None:
+    await _rank_refused(ctx, 3, -1)
+
+
+@case("dp.routing.rank_far_out_of_range", Level.MUST,
+      "data_parallel_rank=1000 with 2 engines is refused (not wrapped modulo the count).",
+      source=RANGE, needs=PINNED)
+async def rank_far_out_of_range(ctx: CaseContext) -> None:
+    await _rank_refused(ctx, 2, 1000)
+
+
+async def _least_loaded(ctx: CaseContext, engines: int, free: int) -> None:
+    """Two held requests on every engine but `free`: the next unpinned one goes to `free`."""
+    group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                             for _ in range(engines)])
+    held: list[StreamHandle] = []
+    for rank in range(engines):
+        if rank == free:
+            continue
+        for k in range(2):
+            h = await ctx.driver.generate(prompt(100 + 10 * rank + k), 50,
+                                          data_parallel_rank=rank)
+            held.append(h)
+    for h in held:
+        await h.wait_first(ctx.t(3))
+    await ctx.quiet(0.3)  # a coordinator publication (every 0.1 s) reflects the load
+    p = prompt(900)
+    handle = await ctx.driver.generate(p, 50)
+    await handle.wait_first(ctx.t(3))
+    found = request_for(group, p)
+    loads = {r: (0 if r == free else 2) for r in range(engines)}
+    ctx.require(found is not None and found[0] == free,
+                expected=f"the unpinned request at engine {free}, the only idle one "
+                         f"(in-flight per engine {loads})",
+                observed=f"at engine {found[0] if found else None}")
+
+
+for _n, _free in ((2, 1), (3, 1), (4, 2), (4, 3)):
+    def _make_least_loaded(n: int = _n, free: int = _free) -> None:
+        @case(f"dp.routing.least_loaded_{n}_engines_idle_{free}", Level.MUST,
+              f"With {n} engines of which only engine {free} has nothing in flight, an "
+              f"unpinned request goes to engine {free}.", source=LB, needs=PINNED)
+        async def least_loaded(ctx: CaseContext) -> None:
+            await _least_loaded(ctx, n, free)
+
+        globals()[f"least_loaded_{n}_{free}"] = least_loaded
+    _make_least_loaded()
+
+
+@case("dp.routing.finished_requests_free_capacity", Level.MUST,
+      "Requests that finished no longer count as in flight: after three requests on engine "
+      "0 finish while two stay open on engine 1, the next unpinned request goes to engine 0.",
+      source=f"{LB}; rust client.rs multi_engine_client_shares_transport_and_routes_by_"
+             "inflight_count; core_client.py:1819-1826", needs=PINNED)
+async def finished_free_capacity(ctx: CaseContext) -> None:
+    short = [prompt(200 + i) for i in range(3)]
+    rules = [*(by_prompt(p, [Emit([100]), Finish(tokens=[101], delay=0.05)]) for p in short),
+             any_request(hold())]
+    # report_finished: real DP engines list finished ids, which the Python DPLB relies on.
+    group = await ctx.start([EngineScript(rules=list(rules), report_finished=True)
+                             for _ in range(2)])
+    open_ = [await ctx.driver.generate(prompt(210 + i), 50, data_parallel_rank=1)
+             for i in range(2)]
+    done = [await ctx.driver.generate(p, 50, data_parallel_rank=0) for p in short]
+    for h in done:
+        await h.wait(ctx.t(3))
+    for h in open_:
+        await h.wait_first(ctx.t(3))
+    await ctx.quiet(0.3)
+    p = prompt(299)
+    handle = await ctx.driver.generate(p, 50)
+    await handle.wait_first(ctx.t(3))
+    found = request_for(group, p)
+    ctx.require(found is not None and found[0] == 0,
+                expected="the unpinned request at engine 0 (0 in flight vs 2 on engine 1)",
+                observed=f"at engine {found[0] if found else None}")
+
+
+async def _reported_load(ctx: CaseContext, loads: list[tuple[int, int]], idle: int) -> None:
+    """Engines report load from elsewhere (coordinator counts and scheduler_stats); after
+    one finished warm-up request per loaded engine, an unpinned request goes to `idle`."""
+    scripts = [EngineScript(log_stats=True, reported_load=load) for load in loads]
+    group = await ctx.start(scripts)
+    for rank, load in enumerate(loads):
+        if load != (0, 0):
+            warm = await ctx.driver.generate(prompt(300 + rank), 2, data_parallel_rank=rank)
+            await warm.wait(ctx.t(3))
+    await ctx.quiet(0.3)  # stats-only messages and coordinator publications land
+    p = prompt(399)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    ctx.require(found is not None and found[0] == idle,
+                expected=f"the unpinned request at engine {idle}, the only one without "
+                         f"reported load (waiting, running per engine {loads})",
+                observed=f"at engine {found[0] if found else None}")
+
+
+for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1)):
+    def _make_reported(loads: list[tuple[int, int]] = _loads, idle: int = _idle) -> None:
+        n = len(loads)
+
+        @case(f"dp.routing.reported_load_{n}_engines", Level.MUST,
+              f"Load an engine reports (other clients' requests: coordinator counts and "
+              f"scheduler_stats {loads}) counts for routing: an unpinned request goes to "
+              f"engine {idle}, the idle one, although this client has nothing in flight.",
+              source="vllm/v1/engine/core_client.py:1781-1790 score = max(inflight, waiting "
+                     "+ running) (0.33.0); rust-client.md §1.6 apply_scheduler_stats",
+              needs=PINNED)
+        async def reported_load(ctx: CaseContext) -> None:
+            await _reported_load(ctx, loads, idle)
+
+        globals()[f"reported_load_{n}"] = reported_load
+    _make_reported()
+
+
+for _n in (1, 2):
+    def _make_client_index(n: int = _n) -> None:
+        @case(f"dp.client.index_on_every_message_{n}_engines", Level.MUST,
+              f"With {n} engine(s), a single frontend stamps one client_index (0) on every "
+              "ADD and UTILITY it sends, so engines route its outputs to its output socket.",
+              source="vllm/v1/engine/core_client.py:1340, 1611 (0.33.0); core.py:2078-2090; "
+                     "rust client.rs client_fail_closes_when_main_output_path_receives_dp_"
+                     "control (client_index stamped)",
+              needs=[Capability.GENERATE, Capability.IS_SLEEPING])
+        async def client_index(ctx: CaseContext) -> None:
+            group = await ctx.start(n)
+            handles = [await ctx.driver.generate(prompt(500 + i), 2) for i in range(2 * n)]
+            for h in handles:
+                await h.wait(ctx.t(3))
+            await ctx.driver.is_sleeping()
+            adds = [r.client_index for r in group.transcript.adds()]
+            calls = [r.message.client_index for r in group.transcript.utility_calls()]
+            ctx.require(bool(adds) and set(adds) | set(calls) == {0},
+                        expected="client_index 0 on every ADD and UTILITY",
+                        observed=f"ADDs {adds}, UTILITY {calls}")
+
+        globals()[f"client_index_{n}"] = client_index
+    _make_client_index()
+
+
+@case("dp.routing.least_loaded_burst", Level.MUST,
+      "Requests just sent count at once: two pinned to engine 0 and two to engine 2, then "
+      "immediately an unpinned one (no output or coordinator update in between) goes to "
+      "engine 1.", source=LB, needs=PINNED)
+async def least_loaded_burst(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
+    for i, rank in enumerate((0, 2, 0, 2)):
+        await ctx.driver.generate(prompt(600 + i), 50, data_parallel_rank=rank)
+    p = prompt(699)
+    handle = await ctx.driver.generate(p, 50)
+    await handle.wait_first(ctx.t(3))
+    found = request_for(group, p)
+    ctx.require(found is not None and found[0] == 1,
+                expected="the unpinned request at engine 1 (in flight: 2, 0, 2)",
+                observed=f"at engine {found[0] if found else None}")

@@ -1,0 +1,256 @@
+"""Mutant cores for the DP, ready-sync and handshake cases: each breaks one rule the way a
+port author plausibly would (an unchecked list index, a counter never released, a value
+cached once). Registered in `mutants.py`'s dp section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
+from harness.transport.sockets import engine_identity
+from harness.wire import messages as m
+
+
+class RankIndexesEngineList(ReferenceFrontendCore):
+    """`engines[rank]` on the sorted list: -1 silently means the last engine."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        try:
+            return ranks[data_parallel_rank]
+        except IndexError:
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range"
+                                ) from None
+
+
+class RankWrapsModulo(ReferenceFrontendCore):
+    """Any rank is wrapped modulo the engine count instead of being refused."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        return ranks[data_parallel_rank % len(ranks)]
+
+
+class RankUnchecked(ReferenceFrontendCore):
+    """No range check: the ADD is addressed to the identity of a rank that does not exist,
+    so the ROUTER drops it and the caller waits forever."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int,
+                    **options: Any) -> tuple[StreamHandle, Send]:
+        data_parallel_rank: int | None = options.get("data_parallel_rank")
+        if data_parallel_rank is None or data_parallel_rank in self.engines:
+            return super().add_request(prompt, max_tokens, **options)
+        options["data_parallel_rank"] = None
+        handle, (_identity, frames) = super().add_request(prompt, max_tokens, **options)
+        return handle, (engine_identity(data_parallel_rank & 0xFFFF), frames)
+
+
+class RoundRobinRouting(ReferenceFrontendCore):
+    """Unpinned requests rotate over the engines, ignoring what is in flight."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        return next(self._rotation)
+
+
+class PinnedNotCounted(ReferenceFrontendCore):
+    """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int,
+                    **options: Any) -> tuple[StreamHandle, Send]:
+        handle, send = super().add_request(prompt, max_tokens, **options)
+        data_parallel_rank: int | None = options.get("data_parallel_rank")
+        if data_parallel_rank is not None:
+            self.engines[data_parallel_rank].inflight -= 1
+            self.__dict__.setdefault("pinned", set()).add(handle.request_id)
+        return handle, send
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, reason, error)
+        if state is not None and rid in self.__dict__.get("pinned", set()):
+            self.engines[state.rank].inflight += 1  # it was never counted
+
+
+class InflightNeverReleased(ReferenceFrontendCore):
+    """The in-flight count is bumped on ADD but never released when a request ends."""
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, reason, error)
+        if state is not None:
+            self.engines[state.rank].inflight += 1
+
+
+class WaveNeverStamped(ReferenceFrontendCore):
+    """Coordinator publications are read for load only; ADDs always carry wave 0."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        pass
+
+
+class WaveFirstOnly(ReferenceFrontendCore):
+    """The first published wave is cached and never updated."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if not self.__dict__.get("wave_seen"):
+            self.__dict__["wave_seen"] = True
+            super().on_dp_stats(update)
+
+
+class WaveFromWaveCompleteOnly(ReferenceFrontendCore):
+    """Only a coordinator publication with engines running moves the wave."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if update.engines_running:
+            super().on_dp_stats(update)
+
+
+class DpControlIgnored(ReferenceFrontendCore):
+    """wave_complete / start_wave on the main output path are silently dropped."""
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        pass
+
+
+class ReadyMaxModelLenLastWins(ReferenceFrontendCore):
+    """max_model_len is taken from the last ready response received."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.max_model_len = ready.max_model_len
+
+
+class ReadyMaxModelLenFirstWins(ReferenceFrontendCore):
+    """max_model_len is taken from the first ready response received."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        first = self.config.max_model_len
+        super().apply_ready(rank, ready)
+        if first is not None:
+            self.config.max_model_len = first
+
+
+class ReadyGpuBlocksEngineZero(ReferenceFrontendCore):
+    """num_gpu_blocks is engine 0's value times the engine count (assumes uniform ranks)."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        first = self.engines[min(self.engines)].ready
+        if first is not None:
+            self.config.num_gpu_blocks = first.num_gpu_blocks * len(self.engines)
+
+
+class IdentityByArrival(ReferenceFrontendCore):
+    """Engines are matched by arrival, not by identity: an unknown identity is taken as the
+    last engine still missing (and keeps that alias)."""
+
+    def _alias(self, identity: bytes, missing: Callable[[EngineState], bool]) -> bytes:
+        aliases: dict[bytes, bytes] = self.__dict__.setdefault("aliases", {})
+        ident = bytes(identity)
+        if ident in self._by_identity:
+            return ident
+        if ident not in aliases:
+            pending = [e for _r, e in sorted(self.engines.items()) if missing(e)]
+            if not pending:
+                return ident
+            aliases[ident] = pending[-1].identity
+        return aliases[ident]
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        super().on_ready(self._alias(identity, lambda e: not e.registered), payload)
+
+
+class RankOffByOne(ReferenceFrontendCore):
+    """Range check written as `rank < count - 1`: the last engine can never be pinned."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None and data_parallel_rank >= max(self.engines):
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range")
+        return super().route(data_parallel_rank)
+
+
+class InitWithoutOutputs(ReferenceFrontendCore):
+    """INIT advertises the input address only: engines cannot push any output."""
+
+    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
+        return super().init_message(rank, inputs, [])
+
+
+class ServesBeforeHandshakeReady(ReferenceFrontendCore):
+    """The handshake counts as done once every engine said HELLO; READY is not awaited."""
+
+    @property
+    def handshake_complete(self) -> bool:
+        return self.hello_seen == set(self.engines)
+
+
+class HelloIdentityUnchecked(IdentityByArrival):
+    """Identities are opaque at HELLO too: engines are matched by arrival throughout."""
+
+    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
+        alias = self._alias(identity, lambda e: e.rank not in self.hello_seen)
+        return super()._handshake_engine(alias, stage)
+
+
+class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
+    """A handshake timeout says only that startup timed out."""
+
+    def handshake_timeout(self, timeout: float) -> StartupError:
+        return StartupError(f"engine startup timed out after {timeout:.1f}s")
+
+
+class ReadySyncOnlyWithDp(ReferenceFrontendCore):
+    """Ready responses are aggregated only for DP > 1; a single engine's is never applied."""
+
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        if len(self.engines) > 1:
+            super().apply_ready(rank, ready)
+
+
+class IdentitiesFromZero(ReferenceFrontendCore):
+    """Engine identities built as 0..count-1, ignoring the engine start index."""
+
+    def __init__(self, ranks: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(list(range(len(ranks))), **kwargs)
+
+
+class ReportedLoadIgnored(ReferenceFrontendCore):
+    """Routing looks at this client's own in-flight count only."""
+
+    def load_score(self, rank: int) -> int:
+        return self.engines[rank].inflight
+
+
+class ClientIndexOnAddOnly(ReferenceFrontendCore):
+    """ADDs carry client_index 1 (a copy-pasted API-server index), utilities 0."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int,
+                    **options: Any) -> tuple[StreamHandle, Send]:
+        self.client_index = 1
+        try:
+            return super().add_request(prompt, max_tokens, **options)
+        finally:
+            self.client_index = 0
+
+
+class ServesWithHelloQuorum(ReferenceFrontendCore):
+    """Handshake mode counts the engines that said HELLO, not the engines configured."""
+
+    @property
+    def handshake_complete(self) -> bool:
+        return bool(self.hello_seen) and self.handshake_ready_seen == self.hello_seen
+
+    @property
+    def registered(self) -> bool:
+        if not self.hello_seen:
+            return super().registered
+        return all(self.engines[r].registered for r in self.hello_seen)
