@@ -199,6 +199,8 @@ class ReferenceFrontendCore:
             return [done] if done is not None else []
         for output in message.outputs:
             self.on_request_output(output)
+        if message.finished_requests:
+            self.on_finished_requests(message.finished_requests)
         return []
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
@@ -208,17 +210,30 @@ class ReferenceFrontendCore:
                 self.stop_aborts.pop(output.request_id, None)  # no ABORT owed any more
             return  # unknown or already finished/aborted: ignored
         handle = state.handle
-        if output.new_token_ids:
-            text = detokenize(output.new_token_ids)
-            handle.add_tokens(output.new_token_ids, text)
-            if state.stop and self.stop_hit(state, engine_finished=output.finished):
-                return
+        if output.new_token_ids and state.stop:
+            # Token by token: a stop string ends the stream at the token completing it,
+            # and the rest of the chunk is dropped (vLLM's _trim_surplus_tokens).
+            for token in output.new_token_ids:
+                handle.add_tokens([token], detokenize([token]))
+                if self.stop_hit(state, engine_finished=output.finished):
+                    return
+        elif output.new_token_ids:
+            handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
         if output.finish_reason is not None:
             if output.finish_reason is m.FinishReason.ERROR:
                 detail = output.error.message if output.error else "request failed in engine"
                 self._finish(output.request_id, "error", detail)
             else:
                 self._finish(output.request_id, str(output.finish_reason))
+
+    def on_finished_requests(self, request_ids: Iterable[str]) -> None:
+        """The engine retired these ids. One still open got no final output: its stream
+        ends with an error instead of waiting forever (vllm-rs: RequestStreamClosed)."""
+        for rid in request_ids:
+            self.stop_aborts.pop(rid, None)  # retired by the engine: no ABORT owed
+            if rid in self.requests:
+                self._finish(rid, "error", f"engine retired request {rid} without a "
+                                           "final output")
 
     def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
         """Frontend-side stop strings: end the stream at once (later outputs are ignored)
