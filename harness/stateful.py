@@ -309,9 +309,7 @@ class WireModel:
                 continue
             if target.state not in LIVE:
                 continue
-            target.tokens.extend(output.new_token_ids)
-            if (target.stop is not None and output.new_token_ids
-                    and target.stop in detokenize(target.tokens)):
+            if _extend_until_stop(target, output.new_token_ids):
                 # vLLM: a stop string ends the stream with "stop"; the engine is aborted
                 # unless this very output was the request's final one there.
                 target.reason = "stop"
@@ -935,6 +933,16 @@ def decode_answers(code: int, width: int = 3) -> list[str]:
         code, digit = divmod(code, len(ANSWERS))
         answers.append(ANSWERS[digit])
     return answers
+
+
+def _extend_until_stop(target: RequestModel, tokens: Sequence[int]) -> bool:
+    """Hand `tokens` to the model request one by one; True once its stop string matched
+    (vLLM drops the rest of that chunk: output_processor.py _trim_surplus_tokens)."""
+    for token in tokens:
+        target.tokens.append(token)
+        if target.stop is not None and target.stop in detokenize(target.tokens):
+            return True
+    return False
 
 
 def prompt_for(n: int) -> list[int]:
