@@ -169,7 +169,9 @@ def _make_stop_case(shape: StopShape) -> None:
         p = prompt(0)
         group = await ctx.start([EngineScript(rules=[by_prompt(p, _stop_steps(shape))])])
         h = await ctx.driver.generate(p, 50, stop=[shape.stop])
-        await h.wait(ctx.t(3))
+        ended = await ctx.wait_until(lambda: h.ended, 3)
+        ctx.require(ended, expected="the stream ends at the stop string",
+                    observed=f"still open after 3 s with text {h.text!r}")
         ctx.require(h.finish_reason == "stop" and h.error is None,
                     expected="finish_reason 'stop'",
                     observed=f"{h.finish_reason} error={h.error} tokens={h.tokens}")
