@@ -139,11 +139,8 @@ class ExplicitRankIgnored(ReferenceFrontendCore):
 
 
 class StopStringNotAborted(ReferenceFrontendCore):
-    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
-        hit = super().stop_hit(state, engine_finished)
-        if self.stop_aborts.pop(state.request_id, None) is not None:
-            self.pending_drops.remove(state.request_id)
-        return hit
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        self._finish(state.request_id, "stop")
 
 
 class StartupAcceptsAnything(ReferenceFrontendCore):

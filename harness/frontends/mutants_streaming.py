@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, RequestState
-from harness.vocab import detokenize
 from harness.wire import ProtocolError
 from harness.wire import messages as m
 
@@ -88,32 +87,31 @@ class StopStringPerChunk(ReferenceFrontendCore):
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
-        self.__dict__["chunk_start"] = len(state.handle.text) if state is not None else 0
+        if state is not None:
+            self.__dict__["chunk_start"] = len(state.handle.text) + len(state.held_text)
         super().on_request_output(output)
 
-    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
-        start = self.__dict__.get("chunk_start", 0)
-        whole, state.handle.text = state.handle.text, state.handle.text[start:]
-        try:
-            hit = super().stop_hit(state, engine_finished)
-        finally:
-            state.handle.text = whole[:start] + state.handle.text
-        return hit
+    def stop_position(self, state: RequestState) -> int:
+        start: int = self.__dict__.get("chunk_start", 0)
+        chunk = (state.handle.text + state.held_text)[start:]
+        found = [pos for pos in (chunk.find(stop) for stop in state.stop) if pos >= 0]
+        return start + min(found) if found else -1
 
 
 class StopTokensNotTrimmed(ReferenceFrontendCore):
-    """Delivers a whole chunk before checking stop strings: tokens after the stop leak."""
+    """Cuts the text at a stop string but still delivers the rest of the chunk's tokens."""
 
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
-        if state is None or not state.stop or not output.new_token_ids:
-            super().on_request_output(output)
-            return
-        state.handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
-        if not self.stop_hit(state, engine_finished=output.finished):
-            super().on_request_output(m.EngineCoreOutput(
-                output.request_id, [], finish_reason=output.finish_reason,
-                stop_reason=output.stop_reason, error=output.error))
+        self.__dict__["chunk"] = list(output.new_token_ids)
+        self.__dict__["before"] = len(state.handle.tokens) if state is not None else 0
+        super().on_request_output(output)
+
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        chunk: list[int] = self.__dict__.get("chunk", [])
+        delivered = len(state.handle.tokens) - self.__dict__.get("before", 0)
+        state.handle.tokens.extend(chunk[delivered:])
+        super().end_at_stop(state, engine_finished)
 
 
 class StopUncheckedOnFinalOutput(ReferenceFrontendCore):
@@ -127,12 +125,12 @@ class StopUncheckedOnFinalOutput(ReferenceFrontendCore):
 
 
 class StopUncheckedOnFirstOutput(ReferenceFrontendCore):
-    """Checks stop strings only once the stream already has text (first output skipped)."""
+    """Checks stop strings only once the stream already has output (first one skipped)."""
 
-    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
-        if state.handle.chunks <= 1:
-            return False
-        return super().stop_hit(state, engine_finished)
+    def stop_position(self, state: RequestState) -> int:
+        if state.handle.chunks == 0:
+            return -1
+        return super().stop_position(state)
 
 
 # ----------------------------------------------------------------- output shapes
