@@ -181,6 +181,9 @@ class ReferenceFrontendCore:
         state = self.requests.pop(rid, None)
         if state is not None:
             self.engines[state.rank].inflight -= 1
+            if state.held_text:  # no stop string can follow any more: release it
+                state.handle.add_tokens([], state.held_text)
+                state.held_text = ""
             state.handle.finish(reason, error)
 
     # ------------------------------------------------------------------ outputs
@@ -218,9 +221,6 @@ class ReferenceFrontendCore:
                 return
         elif output.new_token_ids:
             handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
-        if output.finished and state.held_text:
-            handle.add_tokens([], state.held_text)  # an empty final output: release it
-            state.held_text = ""
         if output.finish_reason is not None:
             if output.finish_reason is m.FinishReason.ERROR:
                 detail = output.error.message if output.error else "request failed in engine"
