@@ -6,10 +6,13 @@ from mock_engines.runner import Bootstrapped, Handshake
 from mock_engines.script import (
     Die,
     Emit,
+    EmitArrays,
     EngineScript,
     Finish,
+    FinishedOnly,
     Garbage,
     Rule,
+    StatsOnly,
     UtilityReply,
     any_request,
     by_id,
@@ -22,7 +25,8 @@ from mock_engines.script import (
 from mock_engines.transcript import MergedTranscript, Record, Transcript
 
 __all__ = [
-    "Bootstrapped", "Die", "Emit", "EngineGroup", "EngineScript", "Finish", "Garbage",
+    "Bootstrapped", "Die", "Emit", "EmitArrays", "EngineGroup", "EngineScript", "Finish",
+    "FinishedOnly", "Garbage", "StatsOnly",
     "Handshake", "MergedTranscript", "MockCoordinator", "MockEngine", "MockEngineCore",
     "Record", "Rule", "Transcript", "UtilityReply", "any_request", "by_id", "by_index",
     "by_prompt", "default_ready", "endless", "stream",

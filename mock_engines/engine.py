@@ -22,7 +22,18 @@ from harness.wire import (
     WireCodec,
 )
 from harness.wire import messages as m
-from mock_engines.script import Die, Emit, EngineScript, Finish, Garbage, Step, default_ready
+from mock_engines.script import (
+    Die,
+    Emit,
+    EmitArrays,
+    EngineScript,
+    Finish,
+    FinishedOnly,
+    Garbage,
+    StatsOnly,
+    Step,
+    default_ready,
+)
 from mock_engines.transcript import Record, Transcript
 
 ALL_CLIENTS = -1
@@ -187,6 +198,15 @@ class MockEngineCore:
                 faults.append(Outgoing(client, frames))
                 self._advance(rid, live)
                 continue
+            if isinstance(step, FinishedOnly):
+                self._retire_silently(rid, live)
+                continue
+            if isinstance(step, StatsOnly):
+                faults.append(self._emit(now, client, m.EngineCoreOutputs(
+                    self.rank, [], self._full_stats(), now,
+                    weight_version=self.script.weight_version)))
+                self._advance(rid, live)
+                continue
             per_client.setdefault(client, []).append(self._output_for(rid, live, step))
         out = faults
         stats = self._scheduler_stats() if per_client or self._stats_only_due else None
@@ -207,7 +227,14 @@ class MockEngineCore:
             out.append(self._emit(now, client, msg))
         return out
 
-    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | Finish
+    def _retire_silently(self, rid: str, live: _LiveRequest) -> None:
+        """FinishedOnly: drop the request and list it in finished_requests, no output."""
+        del self.live[rid]
+        self.finished.add(rid)
+        self._finished_for_client.setdefault(live.request.client_index, []).append(rid)
+        self._went_idle()
+
+    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | EmitArrays | Finish
                     ) -> m.EngineCoreOutput:
         tokens = list(step.tokens)
         live.tokens_sent += len(tokens)
@@ -220,6 +247,12 @@ class MockEngineCore:
         if isinstance(step, Emit):
             self._advance(rid, live)
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill)
+        if isinstance(step, EmitArrays):
+            self._advance(rid, live)
+            experts = m.WireArray("<i4", (len(tokens), step.experts),
+                                  bytes(4 * len(tokens) * step.experts))
+            return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill,
+                                      routed_experts=experts)
         del self.live[rid]
         self.finished.add(rid)
         self._note_finished(live.request.client_index, rid)
@@ -245,6 +278,9 @@ class MockEngineCore:
         """A SchedulerStats map with vLLM 0.33.0's key structure (log_stats only)."""
         if not self.script.log_stats:
             return None
+        return self._full_stats()
+
+    def _full_stats(self) -> dict[str, Any]:
         self._step_counter += 1
         return {
             "num_running_reqs": len(self.live) + self.script.reported_load[1],
@@ -287,6 +323,12 @@ class MockEngineCore:
         """Send ENGINE_CORE_DEAD to every client at the next poll and stop serving."""
         if not self.dead:
             self._outbox.extend(self._die(now))
+
+    def inject_outputs(self, now: float, outputs: m.EngineCoreOutputs,
+                       client_index: int = 0) -> None:
+        """Send a hand-built (valid) message at the next poll: shapes no script produces
+        (several requests' outputs reordered, duplicates, unknown ids)."""
+        self._outbox.append(self._emit(now, client_index, outputs))
 
     def inject_garbage(self, now: float, frames: list[bytes], client_index: int = 0) -> None:
         self._record(now, "out", "fault", frames, note="injected garbage frame")

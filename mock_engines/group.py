@@ -55,6 +55,10 @@ class MockEngine:
     def send_garbage(self, frames: list[bytes], client_index: int = 0) -> None:
         self._runner().send_garbage(frames, client_index)
 
+    def send_outputs(self, outputs: m.EngineCoreOutputs, client_index: int = 0) -> None:
+        """Send one hand-built engine message (recorded as an output)."""
+        self._runner().send_outputs(outputs, client_index)
+
     def stop_reading(self) -> None:
         self._runner().stop_reading()
 

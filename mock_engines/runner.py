@@ -21,6 +21,7 @@ import zmq
 
 from harness.transport.sockets import engine_identity, make_socket
 from harness.wire import ProtocolError
+from harness.wire import messages as m
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
 from mock_engines.transcript import Record
 
@@ -104,6 +105,9 @@ class EngineRunner:
 
     def send_garbage(self, frames: list[bytes], client_index: int = 0) -> None:
         self.call(lambda: self.core.inject_garbage(time.monotonic(), frames, client_index))
+
+    def send_outputs(self, outputs: m.EngineCoreOutputs, client_index: int = 0) -> None:
+        self.call(lambda: self.core.inject_outputs(time.monotonic(), outputs, client_index))
 
     def stop_reading(self) -> None:
         self.call(lambda: self._fault("stop reading input", self._set_reading, False))

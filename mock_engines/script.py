@@ -54,7 +54,34 @@ class Garbage:
     delay: float = 0.0
 
 
-Step = Emit | Finish | Die | Garbage
+@dataclass(frozen=True)
+class EmitArrays:
+    """After `delay`, send `tokens` with a `routed_experts` ndarray of `experts` int32 ids
+    per token: at least the zero-copy threshold travels as an aux frame (multipart output),
+    smaller ones inline as ext(3). A frontend must decode both, whatever it does with them."""
+
+    tokens: Sequence[int]
+    experts: int = 128
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class FinishedOnly:
+    """After `delay`, retire the request and name it in `finished_requests` with NO final
+    output (what a frontend sees when an engine drops a request it never finished)."""
+
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class StatsOnly:
+    """After `delay`, send a stats-only message (scheduler_stats, no outputs) from this
+    engine, then go on with the request's next step."""
+
+    delay: float = 0.0
+
+
+Step = Emit | Finish | Die | Garbage | EmitArrays | FinishedOnly | StatsOnly
 StepFactory = Callable[[m.EngineCoreRequest], Sequence[Step]]
 
 

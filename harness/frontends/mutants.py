@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontends import mutants_dp as dp
+from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
 from harness.frontends.mutants_abort import (
     AbortAcrossEnginesOneFrame,
@@ -159,11 +160,8 @@ class ExplicitRankIgnored(ReferenceFrontendCore):
 
 
 class StopStringNotAborted(ReferenceFrontendCore):
-    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
-        hit = super().stop_hit(state, engine_finished)
-        if self.stop_aborts.pop(state.request_id, None) is not None:
-            self.pending_drops.remove(state.request_id)
-        return hit
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        self._finish(state.request_id, "stop")
 
 
 class StartupAcceptsAnything(ReferenceFrontendCore):
@@ -503,6 +501,46 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("identity_by_arrival", "ready frames matched to engines by arrival order",
            dp.IdentityByArrival),
     # -- streaming, failure (cores in mutants_streaming.py) --
+    Mutant("final_tokens_dropped", "tokens of a final output dropped",
+           ms.FinalTokensDropped),
+    Mutant("engine_abort_ignored", "engine-side ABORT leaves the stream open",
+           ms.EngineAbortIgnored),
+    Mutant("error_without_payload_is_abort", "ERROR without a RequestError reported as abort",
+           ms.ErrorWithoutPayloadIsAbort),
+    Mutant("eos_reported_as_length", "STOP without stop_reason (EOS) reported as length",
+           ms.EosReportedAsLength),
+    Mutant("stop_token_hidden", "the stop token id removed from the stream",
+           ms.StopTokenHidden),
+    Mutant("first_engine_outputs_only", "outputs of engines other than the first ignored",
+           ms.FirstEngineOutputsOnly),
+    Mutant("stop_string_per_chunk", "stop strings searched per chunk, not across chunks",
+           ms.StopStringPerChunk),
+    Mutant("stop_tokens_not_trimmed", "tokens after a stop string in the same chunk delivered",
+           ms.StopTokensNotTrimmed),
+    Mutant("stop_unchecked_on_final_output", "no stop-string check on a final output",
+           ms.StopUncheckedOnFinalOutput),
+    Mutant("stop_unchecked_on_first_output", "no stop-string check on the first output",
+           ms.StopUncheckedOnFirstOutput),
+    Mutant("unknown_id_ends_batch", "an unknown id ends the reading of a batched message",
+           ms.UnknownIdEndsBatch),
+    Mutant("late_outputs_appended", "outputs after a final one appended to the ended stream",
+           ms.LateOutputsAppended),
+    Mutant("empty_outputs_skipped", "outputs without tokens skipped, final ones too",
+           ms.EmptyOutputsSkipped),
+    Mutant("finished_requests_ignored", "finished_requests never read",
+           ms.FinishedRequestsIgnored),
+    Mutant("finished_requests_before_outputs", "finished_requests applied before the outputs",
+           ms.FinishedRequestsBeforeOutputs),
+    Mutant("aux_frames_dropped", "only the first frame of a message decoded",
+           ms.AuxFramesDropped),
+    Mutant("stats_only_is_protocol_error", "a message without outputs is fatal",
+           ms.StatsOnlyIsProtocolError),
+    Mutant("protocol_error_not_sticky", "undecodable message: streams fail, client serves on",
+           ms.ProtocolErrorNotSticky),
+    Mutant("protocol_error_skipped", "an undecodable message skipped",
+           ms.ProtocolErrorSkipped),
+    Mutant("death_not_recorded", "death fails in-flight work but later calls are accepted",
+           ms.DeathNotRecorded),
     # -- utility (cores in mutants_utility.py) --
     Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "
            "by engine 0, not ANDed", BoolAnswersFromEngineZero),

@@ -61,6 +61,9 @@ class RequestState:
     rank: int
     handle: StreamHandle
     stop: tuple[str, ...] = ()
+    # With stop strings: text of delivered tokens withheld until it can no longer be the
+    # start of a stop string (vLLM's stop buffer), so no client ever sees a stop string.
+    held_text: str = ""
 
 
 @dataclass
@@ -271,6 +274,9 @@ class ReferenceFrontendCore:
         state = self.requests.pop(rid, None)
         if state is not None:
             self.engines[state.rank].inflight -= 1
+            if state.held_text:  # no stop string can follow any more: release it
+                state.handle.add_tokens([], state.held_text)
+                state.held_text = ""
             state.handle.finish(reason, error)
 
     # ------------------------------------------------------------------ outputs
@@ -299,6 +305,8 @@ class ReferenceFrontendCore:
                                 int(stats["num_running_reqs"]))
         for output in message.outputs:
             self.on_request_output(output)
+        if message.finished_requests:
+            self.on_finished_requests(message.finished_requests)
         return []
 
     def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
@@ -325,11 +333,11 @@ class ReferenceFrontendCore:
                 self.stop_aborts.pop(output.request_id, None)  # no ABORT owed any more
             return  # unknown or already finished/aborted: ignored
         handle = state.handle
-        if output.new_token_ids:
-            text = detokenize(output.new_token_ids)
-            handle.add_tokens(output.new_token_ids, text)
-            if state.stop and self.stop_hit(state, engine_finished=output.finished):
+        if output.new_token_ids and state.stop:
+            if self.deliver_until_stop(state, output):
                 return
+        elif output.new_token_ids:
+            handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
         if output.finish_reason is not None:
             if output.finish_reason is m.FinishReason.ERROR:
                 detail = output.error.message if output.error else "request failed in engine"
@@ -337,20 +345,51 @@ class ReferenceFrontendCore:
             else:
                 self._finish(output.request_id, str(output.finish_reason))
 
-    def stop_hit(self, state: RequestState, engine_finished: bool) -> bool:
-        """Frontend-side stop strings: end the stream at once (later outputs are ignored)
-        and, unless the engine already finished the request, owe its engine an ABORT."""
+    def on_finished_requests(self, request_ids: Iterable[str]) -> None:
+        """The engine retired these ids. One still open got no final output: its stream
+        ends with an error instead of waiting forever (vllm-rs: RequestStreamClosed)."""
+        for rid in request_ids:
+            self.stop_aborts.pop(rid, None)  # retired by the engine: no ABORT owed
+            if rid in self.requests:
+                self._finish(rid, "error", f"engine retired request {rid} without a "
+                                           "final output")
+
+    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        """Token by token: a stop string ends the stream at the token completing it, with
+        the text before it; the rest of the chunk is dropped (vLLM's _trim_surplus_tokens).
+        Returns True when a stop string ended the stream."""
         handle = state.handle
-        for stop in state.stop:
-            pos = handle.text.find(stop)
+        keep = max(len(s) for s in state.stop) - 1
+        tokens = output.new_token_ids
+        for i, token in enumerate(tokens):
+            state.held_text += detokenize([token])
+            pos = self.stop_position(state)
             if pos >= 0:
-                handle.text = handle.text[:pos]
-                self._finish(state.request_id, "stop")
-                if not engine_finished:
-                    self.stop_aborts[state.request_id] = state.rank
-                    self.pending_drops.append(state.request_id)
+                # Held text covers every possible match start, so pos >= len(handle.text).
+                text = (handle.text + state.held_text)[len(handle.text):pos]
+                state.held_text = ""
+                handle.add_tokens([token], text)
+                self.end_at_stop(state, engine_finished=output.finished)
                 return True
+            last = output.finished and i == len(tokens) - 1
+            cut = len(state.held_text) if last else max(0, len(state.held_text) - keep)
+            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
+            handle.add_tokens([token], text)
         return False
+
+    def stop_position(self, state: RequestState) -> int:
+        """Where the earliest stop string starts in the stream's text so far, else -1."""
+        text = state.handle.text + state.held_text
+        found = [pos for pos in (text.find(stop) for stop in state.stop) if pos >= 0]
+        return min(found) if found else -1
+
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        """End the stream with 'stop' (later outputs are ignored) and, unless the engine
+        already finished the request, owe its engine an ABORT."""
+        self._finish(state.request_id, "stop")
+        if not engine_finished:
+            self.stop_aborts[state.request_id] = state.rank
+            self.pending_drops.append(state.request_id)
 
     # ------------------------------------------------------------------ aborts
 

@@ -1,0 +1,293 @@
+"""Output message shapes a frontend must take apart correctly.
+
+Engines batch several requests' outputs into one message in any order, send empty deltas,
+name requests in `finished_requests`, attach ndarrays that travel as aux frames, and send
+stats-only messages. Hand-built messages (`MockEngine.send_outputs`) cover the shapes no
+script produces: reversed and interleaved batches across engines, an unknown id in the
+middle of a batch, a duplicate final output.
+
+Out of reach: large *inputs* as aux frames (multimodal tensors on ADD, vllm-rs
+client_sends_large_multimodal_tensor_as_aux_frame) need multimodal input on the driver
+surface, which no driver offers; multipart *logprob* outputs need a request that asks for
+logprobs (vLLM's Python output processor asserts num_logprobs for any new_logprobs), which
+the driver surface cannot express either, so the aux-frame cases carry `routed_experts`
+arrays, decoded by both frontends for every request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt, request_for
+from harness.frontends.driver import Capability, StreamHandle
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.group import EngineGroup
+from mock_engines.script import (
+    Emit,
+    EmitArrays,
+    EngineScript,
+    Finish,
+    FinishedOnly,
+    StatsOnly,
+    by_prompt,
+    stream,
+)
+
+F = m.FinishReason
+OUT = "protocol-python.md §6 (0.33.0); rust-client.md §1.3 (dispatcher)"
+GEN = [Capability.GENERATE]
+
+
+def _out(rid: str, tokens: Sequence[int], reason: m.FinishReason | None = None
+         ) -> m.EngineCoreOutput:
+    return m.EngineCoreOutput(rid, list(tokens), finish_reason=reason)
+
+
+def _msg(rank: int, outputs: list[m.EngineCoreOutput]) -> m.EngineCoreOutputs:
+    return m.EngineCoreOutputs(rank, outputs, None, time.monotonic())
+
+
+async def _silent_requests(ctx: CaseContext, engines: int, count: int
+                           ) -> tuple[EngineGroup, list[StreamHandle], list[tuple[int, str]]]:
+    """`count` requests the engines accept but never answer on their own; returns the
+    handles and each request's (owning rank, engine-side id)."""
+    prompts = [prompt(i) for i in range(count)]
+    group = await ctx.start([EngineScript(rules=[by_prompt(p, []) for p in prompts])
+                             for _ in range(engines)])
+    handles = [await ctx.driver.generate(p, 10) for p in prompts]
+    seen = await ctx.wait_until(lambda: all(request_for(group, p) for p in prompts), 3)
+    ctx.require(seen, expected=f"{count} ADDs at the engines",
+                observed=f"{len(group.transcript.adds())} ADDs")
+    owners = [request_for(group, p) for p in prompts]
+    return group, handles, [o for o in owners if o is not None]
+
+
+def _require_streams(ctx: CaseContext, handles: Sequence[StreamHandle],
+                     want: Sequence[Sequence[int]]) -> None:
+    pairs = enumerate(zip(handles, want, strict=True))
+    bad = [(i, h.tokens, h.finish_reason, h.error) for i, (h, w) in pairs
+           if h.tokens != list(w) or h.finish_reason != "length"]
+    ctx.require(not bad, expected=f"streams end 'length' with {[list(w) for w in want]}",
+                observed=f"differ (index, tokens, finish, error): {bad}")
+
+
+@case("streaming.shape.batch_reversed_interleaved", Level.MUST,
+      "Outputs of three requests batched in one message in reverse ADD order, then in an "
+      "interleaved order, then their final outputs in a third order, each reach their own "
+      "stream in order.", source=OUT, needs=GEN)
+async def batch_reversed(ctx: CaseContext) -> None:
+    group, handles, owners = await _silent_requests(ctx, 1, 3)
+    a, b, c = (rid for _rank, rid in owners)
+    group[0].send_outputs(_msg(0, [_out(c, [301]), _out(b, [201]), _out(a, [101])]))
+    group[0].send_outputs(_msg(0, [_out(b, [202]), _out(a, [102]), _out(c, [302])]))
+    group[0].send_outputs(_msg(0, [_out(c, [303], F.LENGTH), _out(a, [103], F.LENGTH),
+                                   _out(b, [203], F.LENGTH)]))
+    await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    _require_streams(ctx, handles, [[101, 102, 103], [201, 202, 203], [301, 302, 303]])
+
+
+def _make_interleaved(engines: int) -> None:
+    @case(f"streaming.shape.interleaved_{engines}_engines", Level.MUST,
+          f"With {engines} engines sending their requests' outputs in reversed, interleaved "
+          "order (last engine first, requests reversed within each message), every stream "
+          "gets exactly its own tokens in order.", source=OUT, needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        group, handles, owners = await _silent_requests(ctx, engines, 2 * engines)
+        ranks = sorted({rank for rank, _ in owners})
+        ctx.note(f"requests spread over engines {[rank for rank, _ in owners]}")
+        for step in range(3):
+            for rank in reversed(ranks):
+                mine = [(i, rid) for i, (r, rid) in enumerate(owners) if r == rank]
+                outs = [_out(rid, [1000 + 10 * i + step], F.LENGTH if step == 2 else None)
+                        for i, rid in reversed(mine)]
+                group[rank].send_outputs(_msg(rank, outs))
+        await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        _require_streams(ctx, handles, [[1000 + 10 * i + s for s in range(3)]
+                                        for i in range(len(handles))])
+
+    run.__name__ = run.__qualname__ = f"interleaved_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (2, 3, 4):
+    _make_interleaved(_n)
+
+
+@case("streaming.shape.unknown_id_mid_batch", Level.MUST,
+      "An output for an unknown id in the middle of a batched message is skipped; the "
+      "outputs after it in the same message still reach their streams.", source=OUT,
+      needs=GEN)
+async def unknown_mid_batch(ctx: CaseContext) -> None:
+    group, handles, owners = await _silent_requests(ctx, 1, 2)
+    a, b = (rid for _rank, rid in owners)
+    group[0].send_outputs(_msg(0, [_out(a, [101]), _out("ghost-1", [555]), _out(b, [201])]))
+    group[0].send_outputs(_msg(0, [_out("ghost-2", [556], F.LENGTH), _out(b, [202], F.LENGTH),
+                                   _out(a, [102], F.LENGTH)]))
+    await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    _require_streams(ctx, handles, [[101, 102], [201, 202]])
+
+
+@case("streaming.shape.duplicate_final", Level.MUST,
+      "A final output repeated in the same message and again in the next one ends the "
+      "stream once: its tokens are not appended twice and the neighbour is unaffected.",
+      source=OUT, needs=GEN)
+async def duplicate_final(ctx: CaseContext) -> None:
+    group, handles, owners = await _silent_requests(ctx, 1, 2)
+    a, b = (rid for _rank, rid in owners)
+    group[0].send_outputs(_msg(0, [_out(a, [101]), _out(b, [201])]))
+    group[0].send_outputs(_msg(0, [_out(a, [102], F.LENGTH), _out(b, [202]),
+                                   _out(a, [102], F.LENGTH)]))
+    group[0].send_outputs(_msg(0, [_out(a, [102], F.STOP), _out(b, [203], F.LENGTH)]))
+    await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    await ctx.quiet(0.1)
+    _require_streams(ctx, handles, [[101, 102], [201, 202, 203]])
+
+
+@case("streaming.shape.empty_outputs", Level.MUST,
+      "Outputs without tokens (an empty first output, an empty delta mid-stream, an empty "
+      "final output) neither end nor corrupt the stream; the empty final one ends it.",
+      source=OUT, needs=GEN)
+async def empty_outputs(ctx: CaseContext) -> None:
+    p = prompt(0)
+    steps = [Emit([]), Emit([100], 0.02), Emit([], 0.02), Emit([101], 0.02),
+             Finish(F.LENGTH, delay=0.02)]
+    await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+    h = await ctx.driver.generate(p, 5)
+    await h.wait(ctx.t(3))
+    _require_streams(ctx, [h], [[100, 101]])
+
+
+# ----------------------------------------------------------------- finished_requests
+
+FINISHED_SRC = ("vllm/v1/engine/core.py:2257 (finished_requests), core_client.py:1819-1826 "
+                "(DPLB frees routing state through it)")
+
+
+def _make_finished_with_output(engines: int) -> None:
+    @case(f"streaming.finished_requests.with_final_output_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s) naming every finished request in finished_requests "
+          "(in the same message as its final output), each stream completes normally and "
+          "later requests are still served.", source=FINISHED_SRC, needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(report_finished=True) for _ in range(engines)])
+        first = [await ctx.driver.generate(prompt(i), 3) for i in range(2 * engines)]
+        await ctx.wait_until(lambda: all(h.ended for h in first), 3)
+        second = [await ctx.driver.generate(prompt(50 + i), 2) for i in range(2 * engines)]
+        await ctx.wait_until(lambda: all(h.ended for h in second), 3)
+        named = sum(len(r.message.finished_requests or [])
+                    for r in group.transcript.select(direction="out", channel="output")
+                    if isinstance(r.message, m.EngineCoreOutputs))
+        ctx.note(f"{named} ids named in finished_requests")
+        _require_streams(ctx, [*first, *second],
+                         [[100, 101, 102]] * len(first) + [[100, 101]] * len(second))
+
+    run.__name__ = run.__qualname__ = f"finished_with_output_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (1, 2):
+    _make_finished_with_output(_n)
+
+
+def _make_finished_without_output(phase: str, tokens: list[int]) -> None:
+    @case(f"streaming.finished_requests.without_final_output_{phase}", Level.SHOULD,
+          f"A request named in finished_requests without a final output ({phase}) should "
+          "end its stream with an error within a bound instead of hanging (vllm-rs: "
+          "RequestStreamClosed); its neighbour is unaffected.",
+          source=("rust-client.md §1.3/§4.1 #8 finished_requests_without_final_output_is_"
+                  "treated_as_unexpected_close; " + FINISHED_SRC), needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        p, q = prompt(0), prompt(1)
+        steps = [*(Emit([t], 0.02) for t in tokens), FinishedOnly(0.05)]
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps),
+                                             by_prompt(q, stream([300, 301, 302], 0.05))])])
+        h = await ctx.driver.generate(p, 10)
+        other = await ctx.driver.generate(q, 3)
+        await other.wait(ctx.t(3))
+        _require_streams(ctx, [other], [[300, 301, 302]])
+        ended = await ctx.wait_until(lambda: h.ended, 2)
+        ctx.require(ended and h.finish_reason not in ("length", "stop", "abort"),
+                    expected=f"the retired stream ends with an error after {tokens}",
+                    observed=(f"ended: {h.finish_reason} error={h.error} tokens={h.tokens}"
+                              if ended else f"still open after 2 s with {h.tokens}"))
+        ctx.require(h.tokens == tokens, expected=f"tokens {tokens} before the error",
+                    observed=h.tokens)
+
+    run.__name__ = run.__qualname__ = f"finished_without_output_{phase}"
+    globals()[run.__name__] = run
+
+
+_make_finished_without_output("before_first_token", [])
+_make_finished_without_output("after_tokens", [100, 101])
+
+
+# ----------------------------------------------------------------- aux frames
+
+
+def _make_aux(engines: int) -> None:
+    @case(f"streaming.aux.multipart_outputs_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), outputs carrying ndarrays both inline (ext 3) and as "
+          "aux frames (several per message) are decoded, not taken for garbage: every "
+          "stream completes with its tokens.",
+          source=("rust-client.md §2.4 (ndarray data: ext 3 or aux frame index); "
+                  "client_decodes_multipart_logprob_outputs"), needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        steps = [EmitArrays([100], 32), EmitArrays([101, 102, 103], 32, 0.03),
+                 Finish(F.LENGTH, [104], 0.03)]
+        group = await ctx.start([EngineScript(rules=[by_prompt(prompt(i), steps)
+                                                     for i in range(3 * engines)])
+                                 for _ in range(engines)])
+        handles = [await ctx.driver.generate(prompt(i), 5) for i in range(3 * engines)]
+        await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        multipart = [len(r.frames) for r in group.transcript.select(direction="out",
+                                                                     channel="output")
+                     if len(r.frames) > 1]
+        ctx.note(f"{len(multipart)} multipart messages, frame counts {sorted(set(multipart))}")
+        ctx.require(bool(multipart), expected="the engines sent multipart messages",
+                    observed="none (harness fault)")
+        _require_streams(ctx, handles, [[100, 101, 102, 103, 104]] * len(handles))
+
+    run.__name__ = run.__qualname__ = f"aux_multipart_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (1, 2):
+    _make_aux(_n)
+
+
+# ----------------------------------------------------------------- scheduler stats
+
+
+def _make_stats_only(engines: int) -> None:
+    @case(f"streaming.stats.stats_only_mid_stream_{engines}_engines", Level.MUST,
+          f"With {engines} engines each sending stats-only messages (scheduler_stats, no "
+          "outputs) between a request's outputs, every stream completes untouched and "
+          "later requests are still served.",
+          source=("rust-client.md §4.1 coordinator_accepts_stats_only_outputs; "
+                  "core_client.py:1256 (stats-only messages queued)"), needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        steps = [Emit([100]), StatsOnly(0.02), Emit([101], 0.02), StatsOnly(),
+                 Finish(F.LENGTH, [102], 0.02)]
+        group = await ctx.start([EngineScript(rules=[by_prompt(prompt(i), steps)
+                                                     for i in range(2 * engines)])
+                                 for _ in range(engines)])
+        handles = [await ctx.driver.generate(prompt(i), 3) for i in range(2 * engines)]
+        await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        later = [await ctx.driver.generate(prompt(50 + i), 2) for i in range(engines)]
+        await ctx.wait_until(lambda: all(h.ended for h in later), 3)
+        stats_only = [r for r in group.transcript.select(direction="out", channel="output")
+                      if isinstance(r.message, m.EngineCoreOutputs) and not r.message.outputs
+                      and r.message.scheduler_stats is not None]
+        ctx.note(f"{len(stats_only)} stats-only messages")
+        _require_streams(ctx, [*handles, *later],
+                         [[100, 101, 102]] * len(handles) + [[100, 101]] * len(later))
+
+    run.__name__ = run.__qualname__ = f"stats_only_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (2, 3):
+    _make_stats_only(_n)

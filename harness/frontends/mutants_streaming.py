@@ -1,0 +1,252 @@
+"""Mutant reference cores for the streaming and failure cases: one realistic port bug each.
+
+Each overrides one rule of output handling the way a port author plausibly gets it wrong:
+reading only part of a message, mapping a finish reason from the wrong field, checking
+stop strings per chunk, trusting `finished_requests` in the wrong order, or surviving a
+broken output stream instead of failing for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, RequestState
+from harness.wire import ProtocolError
+from harness.wire import messages as m
+
+F = m.FinishReason
+
+
+# ----------------------------------------------------------------- finish kinds
+
+
+class FinalTokensDropped(ReferenceFrontendCore):
+    """Ends the stream on a final output before appending the tokens it carries."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finished and output.new_token_ids:
+            output.new_token_ids = []
+        super().on_request_output(output)
+
+
+class EngineAbortIgnored(ReferenceFrontendCore):
+    """Treats FinishReason.ABORT as 'the client aborted, nothing to do': stream stays open."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is F.ABORT:
+            output.finish_reason = None
+        super().on_request_output(output)
+
+
+class ErrorWithoutPayloadIsAbort(ReferenceFrontendCore):
+    """Reports ERROR as an error only when a RequestError payload comes with it."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is F.ERROR and output.error is None:
+            output.finish_reason = F.ABORT
+        super().on_request_output(output)
+
+
+class EosReportedAsLength(ReferenceFrontendCore):
+    """Maps STOP to 'stop' only when a stop_reason is set (EOS has none)."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is F.STOP and output.stop_reason is None:
+            output.finish_reason = F.LENGTH
+        super().on_request_output(output)
+
+
+class StopTokenHidden(ReferenceFrontendCore):
+    """Drops the matched stop token id from the stream (vLLM keeps it in token_ids)."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is F.STOP and isinstance(output.stop_reason, int):
+            output.new_token_ids = [t for t in output.new_token_ids if t != output.stop_reason]
+        super().on_request_output(output)
+
+
+class FirstEngineOutputsOnly(ReferenceFrontendCore):
+    """A single-engine port: messages from any engine but the first are ignored."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return super().on_output(frames)
+        if (isinstance(message, m.EngineCoreOutputs) and message.utility_output is None
+                and message.engine_index != min(self.engines)):
+            return []
+        return super().on_output(frames)
+
+
+# ----------------------------------------------------------------- stop strings
+
+
+class StopStringPerChunk(ReferenceFrontendCore):
+    """Looks for stop strings in each output's own text only, never across chunks."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        if state is not None:
+            self.__dict__["chunk_start"] = len(state.handle.text) + len(state.held_text)
+        super().on_request_output(output)
+
+    def stop_position(self, state: RequestState) -> int:
+        start: int = self.__dict__.get("chunk_start", 0)
+        chunk = (state.handle.text + state.held_text)[start:]
+        found = [pos for pos in (chunk.find(stop) for stop in state.stop) if pos >= 0]
+        return start + min(found) if found else -1
+
+
+class StopTokensNotTrimmed(ReferenceFrontendCore):
+    """Cuts the text at a stop string but still delivers the rest of the chunk's tokens."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        self.__dict__["chunk"] = list(output.new_token_ids)
+        self.__dict__["before"] = len(state.handle.tokens) if state is not None else 0
+        super().on_request_output(output)
+
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        chunk: list[int] = self.__dict__.get("chunk", [])
+        delivered = len(state.handle.tokens) - self.__dict__.get("before", 0)
+        state.handle.tokens.extend(chunk[delivered:])
+        super().end_at_stop(state, engine_finished)
+
+
+class StopUncheckedOnFinalOutput(ReferenceFrontendCore):
+    """Skips the stop-string check on an output that finishes the request anyway."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        if state is not None and output.finished and state.stop:
+            state.stop = ()
+        super().on_request_output(output)
+
+
+class StopUncheckedOnFirstOutput(ReferenceFrontendCore):
+    """Checks stop strings only once the stream already has output (first one skipped)."""
+
+    def stop_position(self, state: RequestState) -> int:
+        if state.handle.chunks == 0:
+            return -1
+        return super().stop_position(state)
+
+
+# ----------------------------------------------------------------- output shapes
+
+
+class UnknownIdEndsBatch(ReferenceFrontendCore):
+    """Stops reading a batched message at the first output for an unknown id."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return super().on_output(frames)
+        if isinstance(message, m.EngineCoreOutputs) and message.utility_output is None:
+            for i, output in enumerate(message.outputs):
+                if output.request_id not in self.requests:
+                    message.outputs = message.outputs[:i]
+                    frames = self.codec.encode_outputs(message)
+                    break
+        return super().on_output(frames)
+
+
+class LateOutputsAppended(ReferenceFrontendCore):
+    """Keeps ended streams routable: tokens of a repeated final output are appended again."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        ended: dict[str, RequestState] = self.__dict__.setdefault("ended", {})
+        state = self.requests.get(output.request_id)
+        if state is None and output.request_id in ended:
+            ended[output.request_id].handle.tokens.extend(output.new_token_ids)
+            return
+        super().on_request_output(output)
+        if state is not None and output.request_id not in self.requests:
+            ended[output.request_id] = state
+
+
+class EmptyOutputsSkipped(ReferenceFrontendCore):
+    """Skips outputs without new tokens, final ones included."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.new_token_ids:
+            super().on_request_output(output)
+
+
+class FinishedRequestsIgnored(ReferenceFrontendCore):
+    """Never reads finished_requests: a request retired without a final output hangs."""
+
+    def on_finished_requests(self, request_ids: Iterable[str]) -> None:
+        pass
+
+
+class FinishedRequestsBeforeOutputs(ReferenceFrontendCore):
+    """Applies finished_requests before the outputs of the same message."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return super().on_output(frames)
+        if isinstance(message, m.EngineCoreOutputs) and message.finished_requests:
+            self.on_finished_requests(message.finished_requests)
+        return super().on_output(frames)
+
+
+class AuxFramesDropped(ReferenceFrontendCore):
+    """Reads only the first frame of each message (aux frames never reach the decoder)."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        return super().on_output(list(frames)[:1])
+
+
+class StatsOnlyIsProtocolError(ReferenceFrontendCore):
+    """Takes a message without outputs for a utility reply, so stats-only ones are fatal."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return super().on_output(frames)
+        if (isinstance(message, m.EngineCoreOutputs) and not message.outputs
+                and message.utility_output is None and not message.finished_requests):
+            self.mark_dead("message without outputs has no utility reply")
+            return []
+        return super().on_output(frames)
+
+
+# ----------------------------------------------------------------- sticky failure
+
+
+class ProtocolErrorNotSticky(ReferenceFrontendCore):
+    """Fails the open streams on an undecodable message, then serves on."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            self.codec.decode_outputs(frames)
+        except ProtocolError as exc:
+            for rid in list(self.requests):
+                self._finish(rid, "error", f"protocol error: {exc}")
+            return []
+        return super().on_output(frames)
+
+
+class ProtocolErrorSkipped(ReferenceFrontendCore):
+    """Logs and skips an undecodable message, as if it were never sent."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return []
+        return super().on_output(frames)
+
+
+class DeathNotRecorded(ReferenceFrontendCore):
+    """Fails in-flight work on death but never records it: later calls are accepted."""
+
+    def mark_dead(self, reason: str) -> None:
+        super().mark_dead(reason)
+        self.dead = None
