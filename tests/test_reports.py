@@ -55,7 +55,7 @@ def test_junit_of_a_failing_frontend(tmp_path: Path) -> None:
 
 
 def test_json_results_are_complete_and_ordered(tmp_path: Path) -> None:
-    proc = run_suite(tmp_path, "-k", "abort", "-n", "2")
+    proc = run_suite(tmp_path, "-m", "abort", "-n", "2")
     assert proc.returncode == 0, proc.stdout[-2000:]
     records = results_of(tmp_path)
     assert records, "no results"
@@ -65,12 +65,24 @@ def test_json_results_are_complete_and_ordered(tmp_path: Path) -> None:
     assert {"id", "level", "source", "verdict", "duration", "evidence"} <= set(records[0])
 
 
-def test_k_abort_runs_only_abort_cases() -> None:
+def _collected(*selection: str) -> list[str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "conformance"),
-                           "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "abort"],
+                           "--collect-only", "-q", "-p", "no:cacheprovider", *selection],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    items = [line for line in proc.stdout.splitlines() if "::" in line]
-    assert items and all("::abort." in line for line in items)
+    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_m_abort_runs_only_the_abort_area() -> None:
+    items = _collected("-m", "abort")
+    assert items and all(item.startswith("abort.") for item in items)
+
+
+def test_k_abort_runs_every_case_named_abort() -> None:
+    """`-k abort` matches names: the whole abort area plus cases about engine-side aborts
+    (e.g. streaming.finish_kinds.abort_mid_2_engines), never anything else."""
+    items = _collected("-k", "abort")
+    assert set(_collected("-m", "abort")) <= set(items)
+    assert all("abort" in item.split("[", 1)[0] for item in items)
 
 
 def test_zero_cases_is_a_nonzero_exit(tmp_path: Path) -> None:
