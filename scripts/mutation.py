@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.mutation_sample import (  # noqa: E402
+from harness.mutation.sample import (  # noqa: E402
     CORE_PATH,
     SampleMutant,
     function_lines,

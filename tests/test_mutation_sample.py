@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutation_sample import (
+from harness.mutation.sample import (
     CORE_PATH,
     REGENERATE_HINT,
     SampleError,

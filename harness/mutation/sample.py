@@ -104,7 +104,7 @@ def run_one(root: Path, mutant: SampleMutant, *, find_killer: bool,
             return SampleVerdict(False, f"{mutant.name}: no recorded test")
         reports = Path(tmp) / "reports"
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                "-p", "no:xdist", "-p", "no:randomly", "--frontend", "reference",
+                "-p", "no:xdist", "-p", "harness.mutation.strict", "--frontend", "reference",
                 "--report-dir", str(reports), *tests]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(root)]))
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
