@@ -166,7 +166,7 @@ def cmd_report() -> int:
     if info:
         lines += [f"Full run: {info['seconds']} s wall clock with {info['children']} mutmut "
                   f"children on {info['cpus']} CPUs (finished {info['finished']}).", ""]
-    lines += _per_function_table(results, equivalent)
+    lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
               "reference; the reason says why) or **not killed yet** (a case is missing).",
@@ -185,6 +185,24 @@ def cmd_report() -> int:
     print(f"score {score:.1f} % ({detected}/{scored}); {len(survivors)} survivors, "
           f"{len(judged_equivalent)} equivalent -> {REPORT.relative_to(ROOT)}")
     return 0
+
+
+METHOD = [
+    "## How it runs", "",
+    "- mutmut copies the project into `mutants/` with every mutant compiled in behind a "
+    "trampoline, runs the suite once to learn which cases call which function, then runs "
+    "for each mutant only those cases, with `-x` (stop at the first kill), in children "
+    "forked from the warm process (no re-import per mutant).",
+    "- A mutant is killed when a case grades it FAIL, ERROR, TIMEOUT or NON-STRICT, as in "
+    "the hand-written kill matrix: `-p harness.mutation.strict` turns the item of a "
+    "NON-STRICT verdict (a SHOULD case that caught it) from skipped into failed.",
+    "- Timing windows keep their default scale: a lower `COREWIRE_TIMESCALE` would be "
+    "faster but can change verdicts. The cases wait on sockets and timers, so 4 children "
+    "on 2 CPUs pay; timeouts are mutmut's (15 x the cases' clean duration).",
+    "- \"no tests\": no case calls the function, so the mutant cannot be killed. mutmut "
+    "does not mutate decorated functions (properties) or class-level dataclass fields.",
+    "",
+]
 
 
 def _per_function_table(results: list[MutantResult], equivalent: dict[str, str]

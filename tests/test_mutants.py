@@ -17,6 +17,7 @@ from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS
 from harness.report.killmatrix import (
     HARMLESS,
     RERUN_HINT,
+    Kill,
     KillMatrix,
     discover_cases,
     node_id,
@@ -89,3 +90,27 @@ def test_proof_covers_every_mutant_and_case(
 
 def test_at_least_a_dozen_mutants() -> None:
     assert len(MUTANTS) >= 12
+
+
+def _synthetic() -> KillMatrix:
+    return KillMatrix({"a": {"c1": Kill("FAIL", 0.5), "c2": Kill("FAIL", 0.1)},
+                       "b": {"c2": Kill("TIMEOUT", 3.0), "c3": Kill("FAIL", 0.2)},
+                       "lonely": {}},
+                      ["c1", "c2", "c3", "idle"])
+
+
+def test_proof_selection_covers_mutants_and_cases_with_few_pairs() -> None:
+    pairs = _synthetic().select_proof({"idle": "INFO case"})
+    assert {m for m, _ in pairs} == {"a", "b"}
+    assert {c for _, c in pairs} == {"c1", "c2", "c3"}
+    assert ("b", "c2") not in pairs  # a TIMEOUT pair only when nothing else proves it
+    assert len(pairs) == 3
+
+
+def test_record_problems_name_what_to_do() -> None:
+    problems = _synthetic().record_problems(["a", "b", "lonely", "new"],
+                                            ["c1", "c2", "c3", "idle", "c4"], {})
+    text = "\n".join(problems)
+    assert "['new']" in text and "['c4']" in text and "make mutants" in text
+    assert "mutants no case catches: ['lonely']" in text
+    assert "JUSTIFIED_IDLE_CASES: ['idle']" in text
