@@ -183,7 +183,7 @@ def cmd_report() -> int:
                   for key in stale]
     REPORT.write_text("\n".join(lines).rstrip() + "\n")
     print(f"score {score:.1f} % ({detected}/{scored}); {len(survivors)} survivors, "
-          f"{len(judged_equivalent)} equivalent -> {REPORT.relative_to(ROOT)}")
+          f"{len(judged_equivalent)} equivalent -> {REPORT}")
     return 0
 
 
