@@ -198,7 +198,8 @@ METHOD = [
     "NON-STRICT verdict (a SHOULD case that caught it) from skipped into failed.",
     "- Timing windows keep their default scale: a lower `COREWIRE_TIMESCALE` would be "
     "faster but can change verdicts. The cases wait on sockets and timers, so 4 children "
-    "on 2 CPUs pay; timeouts are mutmut's (15 x the cases' clean duration).",
+    "on 2 CPUs pay. A mutant still running after 2 x 4 x (its cases' clean duration "
+    "+ 5 s) is stopped and counted as detected (a hang).",
     "- \"no tests\": no case calls the function, so the mutant cannot be killed. mutmut "
     "does not mutate decorated functions (properties) or class-level dataclass fields.",
     "",
