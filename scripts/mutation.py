@@ -165,7 +165,8 @@ def cmd_report() -> int:
     ]
     if info:
         lines += [f"Full run: {info['seconds']} s wall clock with {info['children']} mutmut "
-                  f"children on {info['cpus']} CPUs (finished {info['finished']}).", ""]
+                  f"children on {info['cpus']} CPUs (finished {info['finished']})."
+                  + (f" {info['note']}" if info.get("note") else ""), ""]
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
@@ -253,8 +254,9 @@ def cmd_sample() -> int:
                 for s in picked if s.name in killers]
     confirmed = run_sample(ROOT, narrowed)
     kept = [s for s in narrowed if confirmed[s.name].killed]
+    kept_names = {s.name for s in kept}
     for s in picked:
-        if s not in kept:
+        if s.name not in kept_names:
             detail = confirmed[s.name].detail if s.name in confirmed else found[s.name].detail
             print(f"sample: {s.name} left out: {detail}", file=sys.stderr)
     save_sample(ROOT, kept)

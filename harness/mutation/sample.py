@@ -105,9 +105,11 @@ def run_one(root: Path, mutant: SampleMutant, *, find_killer: bool,
         reports = Path(tmp) / "reports"
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                 "-p", "no:xdist", "-p", "harness.mutation.strict", "--frontend", "reference",
-                "--report-dir", str(reports), *tests]
+                "--report-dir", str(reports), *(str(root / t) for t in tests)]
+        # From the copy's directory: `python -m` puts the cwd first on sys.path, so the
+        # patched `harness` wins; the suite itself is still read from `root`.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(root)]))
-        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
+        proc = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True,
                               timeout=timeout)
         failing = _failing_cases(reports / "results.json")
         if failing:
