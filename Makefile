@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test compliance coverage mutants venv venv-vllm chromium lint clean
+.PHONY: conformance test compliance coverage mutants mutation venv venv-vllm chromium lint clean
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -61,9 +61,19 @@ compliance: $(VLLM_STAMP)
 coverage: $(CORE_STAMP)
 	$(BIN)/python scripts/gen_coverage.py
 
-# The mutant kill matrix on its own (it also runs inside make test).
+# The full kill matrix: every case x every hand-written mutant (harness/frontends/mutants.py),
+# recorded in fixtures/kill-matrix.json (commit it) and reports/kill-matrix.md. make test
+# re-verifies only a proof drawn from the record (tests/test_mutants.py).
+MUTANT_WORKERS ?= 10
 mutants: $(CORE_STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider tests/test_mutants.py -v
+	$(BIN)/python scripts/kill_matrix.py --workers $(MUTANT_WORKERS)
+
+# mutmut over the reference frontend, killed by the conformance suite: docs/mutation.md
+# (score, every survivor judged in fixtures/mutation/equivalent.json) and the sample of
+# generated mutants that make test re-checks (fixtures/mutation/sample.json).
+MUTMUT_CHILDREN ?= 4
+mutation: $(CORE_STAMP)
+	$(BIN)/python scripts/mutation.py run --children $(MUTMUT_CHILDREN)
 
 lint: $(CORE_STAMP)
 	$(BIN)/ruff check harness mock_engines conformance tests scripts benchmarks

@@ -1,0 +1,280 @@
+"""`make mutation`: mutmut over the reference frontend, killed by the conformance suite.
+
+    scripts/mutation.py run      fresh `mutmut run` (timed), then `report` and `sample`
+    scripts/mutation.py report   docs/mutation.md from the results in mutants/
+    scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
+
+mutmut (config: [tool.mutmut] in pyproject.toml) copies the project into mutants/, runs the
+suite once against `--frontend reference` to learn which case calls which function, then
+runs for each mutant only the cases that call its function, stopping at the first kill.
+Survivors are judged in fixtures/mutation/equivalent.json (keyed by function and changed
+lines, so the judgement outlives mutmut's renumbering); the report is regenerated, never
+edited by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.mutation.sample import (  # noqa: E402
+    CORE_PATH,
+    SampleMutant,
+    function_lines,
+    run_sample,
+    save_sample,
+)
+
+SOURCE_DIR = "harness/frontends/reference"
+EQUIVALENT = ROOT / "fixtures" / "mutation" / "equivalent.json"
+REPORT = ROOT / "docs" / "mutation.md"
+RUN_INFO = ROOT / "mutants" / "corewire-run.json"
+SAMPLE_SIZE = 16
+KILLED = {1, 3}  # pytest: tests failed / internal error (mutmut counts both as a kill)
+TIMEOUT = {24, -24, 36, 152, 255}
+NO_TESTS = {5, 33}
+
+
+@dataclass(frozen=True)
+class MutantResult:
+    name: str  # mutmut's name, e.g. harness.frontends.reference.core.xǁCǁmethod__mutmut_3
+    path: str  # source file, relative to the project
+    function: str  # Class.method or function
+    removed: tuple[str, ...]  # changed lines of the original (stripped)
+    added: tuple[str, ...]  # what the mutant has instead
+    diff: str
+    exit_code: int | None
+
+    @property
+    def status(self) -> str:
+        if self.exit_code in KILLED:
+            return "killed"
+        if self.exit_code in TIMEOUT:
+            return "timeout"
+        if self.exit_code in NO_TESTS:
+            return "no tests"
+        if self.exit_code == 0:
+            return "survived"
+        return "not checked" if self.exit_code is None else f"suspicious ({self.exit_code})"
+
+    @property
+    def key(self) -> str:
+        """Stable identity: the function and the changed lines, not mutmut's number."""
+        return "\n".join([f"{self.path}::{self.function}", *(f"- {r}" for r in self.removed),
+                          *(f"+ {a}" for a in self.added)])
+
+
+def function_of(name: str) -> str:
+    """xǁClassǁmethod__mutmut_3 -> Class.method; x_function__mutmut_3 -> function."""
+    generated = name.rpartition(".")[2].rpartition("__mutmut_")[0]
+    if generated.startswith("xǁ"):
+        return ".".join(generated[2:].split("ǁ"))
+    return generated.removeprefix("x_")
+
+
+def load_results() -> list[MutantResult]:
+    """Every mutant of the last run, with its diff, read through mutmut's own API."""
+    os.chdir(ROOT)  # mutmut reads pyproject.toml and mutants/ relative to the cwd
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    results = []
+    for path in sorted(Path(SOURCE_DIR).glob("*.py")):
+        meta_path = Path("mutants") / f"{path}.meta"
+        if not meta_path.exists():
+            continue
+        meta: dict[str, Any] = json.loads(meta_path.read_text())
+        for name, code in sorted(meta["exit_code_by_key"].items(), key=_natural):
+            diff = get_diff_for_mutant(name, path=str(path))
+            body = diff.splitlines()[3:]  # past ---, +++ and @@
+            results.append(MutantResult(
+                name, str(path), function_of(name),
+                tuple(line[1:].strip() for line in body if line.startswith("-")),
+                tuple(line[1:].strip() for line in body if line.startswith("+")),
+                diff, code))
+    return results
+
+
+def _natural(item: tuple[str, Any]) -> tuple[str, int]:
+    stem, _, number = item[0].rpartition("__mutmut_")
+    return stem, int(number or 0)
+
+
+def load_equivalent() -> dict[str, str]:
+    """key -> why the mutant cannot be told apart from the reference by any client."""
+    entries: list[dict[str, Any]] = json.loads(EQUIVALENT.read_text())["equivalent"]
+    return {"\n".join([e["function"], *e["change"]]): e["reason"] for e in entries}
+
+
+def cmd_run(children: int) -> int:
+    shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_HOST_IP="127.0.0.1")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                           str(children)], cwd=ROOT, env=env)
+    seconds = time.monotonic() - started
+    RUN_INFO.write_text(json.dumps({"seconds": round(seconds), "children": children,
+                                    "cpus": os.cpu_count(),
+                                    "finished": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                              time.gmtime())}))
+    print(f"mutmut run: {seconds:.0f}s, exit {proc.returncode}")
+    if proc.returncode != 0:
+        return proc.returncode
+    return cmd_report() or cmd_sample()
+
+
+def cmd_report() -> int:
+    import mutmut
+
+    results = load_results()
+    equivalent = load_equivalent()
+    info: dict[str, Any] = json.loads(RUN_INFO.read_text()) if RUN_INFO.exists() else {}
+    counts = Counter(r.status for r in results)
+    survivors = [r for r in results if r.status not in ("killed", "timeout")]
+    judged_equivalent = [r for r in survivors if r.key in equivalent]
+    detected = counts["killed"] + counts["timeout"]
+    scored = len(results) - len(judged_equivalent)
+    score = 100.0 * detected / scored if scored else 0.0
+    stale = sorted(set(equivalent) - {r.key for r in results})
+    lines = [
+        "# Mutation testing of the reference frontend",
+        "",
+        "Generated by `make mutation` (scripts/mutation.py) from a fresh "
+        f"mutmut {mutmut.__version__} run over `{SOURCE_DIR}/`, killed by the conformance "
+        "suite against `--frontend reference` (`-m \"not components\"`). Do not edit: "
+        "judge survivors in `fixtures/mutation/equivalent.json` and re-run.",
+        "",
+        f"**Score: {score:.1f} %** of non-equivalent mutants killed "
+        f"({detected} of {scored}; {len(results)} mutants, {len(judged_equivalent)} judged "
+        "equivalent).",
+        "",
+        "| status | mutants |", "|---|---|",
+        *(f"| {status} | {n} |" for status, n in sorted(counts.items())),
+        "",
+    ]
+    if info:
+        lines += [f"Full run: {info['seconds']} s wall clock with {info['children']} mutmut "
+                  f"children on {info['cpus']} CPUs (finished {info['finished']})."
+                  + (f" {info['note']}" if info.get("note") else ""), ""]
+    lines += METHOD + _per_function_table(results, equivalent)
+    lines += ["## Surviving mutants", "",
+              "Every mutant no case killed: **equivalent** (no client can tell it from the "
+              "reference; the reason says why) or **not killed yet** (a case is missing).",
+              ""]
+    for r in survivors:
+        verdict = (f"equivalent: {equivalent[r.key]}" if r.key in equivalent
+                   else f"**not killed yet** ({r.status})")
+        lines += [f"### `{r.name.rpartition('.')[2]}` ({r.path})", "", verdict, "",
+                  "```diff", *r.diff.splitlines()[2:], "```", ""]
+    if stale:
+        lines += ["## Stale equivalence judgements", "",
+                  "No mutant of this run matches these entries (the code changed):", ""]
+        lines += [f"- `{key.splitlines()[0]}`: {' / '.join(key.splitlines()[1:])}"
+                  for key in stale]
+    REPORT.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"score {score:.1f} % ({detected}/{scored}); {len(survivors)} survivors, "
+          f"{len(judged_equivalent)} equivalent -> {REPORT}")
+    return 0
+
+
+METHOD = [
+    "## How it runs", "",
+    "- mutmut copies the project into `mutants/` with every mutant compiled in behind a "
+    "trampoline, runs the suite once to learn which cases call which function, then runs "
+    "for each mutant only those cases, with `-x` (stop at the first kill), in children "
+    "forked from the warm process (no re-import per mutant).",
+    "- A mutant is killed when a case grades it FAIL, ERROR, TIMEOUT or NON-STRICT, as in "
+    "the hand-written kill matrix: `-p harness.mutation.strict` turns the item of a "
+    "NON-STRICT verdict (a SHOULD case that caught it) from skipped into failed.",
+    "- Timing windows keep their default scale: a lower `COREWIRE_TIMESCALE` would be "
+    "faster but can change verdicts. The cases wait on sockets and timers, so 4 children "
+    "on 2 CPUs pay. A mutant still running after 2 x 4 x (its cases' clean duration "
+    "+ 5 s) is stopped and counted as detected (a hang).",
+    "- \"no tests\": no case calls the function, so the mutant cannot be killed. mutmut "
+    "does not mutate decorated functions (properties) or class-level dataclass fields.",
+    "",
+]
+
+
+def _per_function_table(results: list[MutantResult], equivalent: dict[str, str]
+                        ) -> list[str]:
+    rows: dict[str, Counter[str]] = {}
+    for r in results:
+        status = "equivalent" if r.key in equivalent and r.status != "killed" else r.status
+        rows.setdefault(f"{Path(r.path).stem}.{r.function}", Counter())[status] += 1
+    lines = ["## Per function", "", "| function | mutants | killed | equivalent | not killed |",
+             "|---|---|---|---|---|"]
+    for fn, c in sorted(rows.items()):
+        total = sum(c.values())
+        killed = c["killed"] + c["timeout"]
+        lines.append(f"| {fn} | {total} | {killed} | {c['equivalent']} | "
+                     f"{total - killed - c['equivalent']} |")
+    return lines + [""]
+
+
+def cmd_sample() -> int:
+    """Pick SAMPLE_SIZE killed one-line mutants of core.py (one per function, spread over
+    the functions), find the case that kills each, check it alone kills, record them."""
+    stats: dict[str, Any] = json.loads((ROOT / "mutants" / "mutmut-stats.json").read_text())
+    durations: dict[str, float] = stats["duration_by_test"]
+    core_lines = (ROOT / CORE_PATH).read_text().splitlines()
+    by_function: dict[str, list[MutantResult]] = {}
+    for r in load_results():
+        if r.path != CORE_PATH or r.status != "killed" or len(r.removed) != 1 \
+                or len(r.added) != 1:
+            continue
+        body = [core_lines[i].strip() for i in function_lines(core_lines, r.function)]
+        if body.count(r.removed[0]) == 1:  # a patch that applies without ambiguity
+            by_function.setdefault(r.function, []).append(r)
+    functions = sorted(by_function)
+    step = max(1, len(functions) / SAMPLE_SIZE)
+    chosen = sorted({functions[int(i * step)] for i in range(min(SAMPLE_SIZE, len(functions)))})
+    picked: list[SampleMutant] = []
+    for fn in chosen:
+        mutant = by_function[fn][len(by_function[fn]) // 2]
+        mangled = mutant.name.rpartition("__mutmut_")[0]
+        tests = sorted(stats["tests_by_mangled_function_name"].get(mangled, []),
+                       key=lambda t: (durations.get(t, 0.0), t))
+        picked.append(SampleMutant(mutant.name.rpartition(".")[2], fn, mutant.removed[0],
+                                   mutant.added[0], tests))
+    found = run_sample(ROOT, picked, find_killer=True)
+    killers = {name: v.killer for name, v in found.items() if v.killed and v.killer}
+    narrowed = [SampleMutant(s.name, s.function, s.old, s.new, [killers[s.name]])
+                for s in picked if s.name in killers]
+    confirmed = run_sample(ROOT, narrowed)
+    kept = [s for s in narrowed if confirmed[s.name].killed]
+    kept_names = {s.name for s in kept}
+    for s in picked:
+        if s.name not in kept_names:
+            detail = confirmed[s.name].detail if s.name in confirmed else found[s.name].detail
+            print(f"sample: {s.name} left out: {detail}", file=sys.stderr)
+    save_sample(ROOT, kept)
+    print(f"sample: {len(kept)} mutants recorded in fixtures/mutation/sample.json")
+    return 0 if len(kept) >= 10 else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "report", "sample"])
+    parser.add_argument("--children", type=int, default=4,
+                        help="mutmut children (the cases wait on sockets and timers)")
+    args = parser.parse_args()
+    if args.command == "run":
+        return cmd_run(args.children)
+    return cmd_report() if args.command == "report" else cmd_sample()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
