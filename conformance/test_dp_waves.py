@@ -4,7 +4,7 @@ arriving where it must not.
 The coordinator publishes `(counts, current_wave, engines_running)` on its XPUB; both 0.33.0
 frontends subscribe and stamp the newest `current_wave` on each ADD (Python DPLB
 `core_client.py:1588-1611`; Rust `client/stream.rs` "stamps current_wave from its snapshot",
-bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_one_wakeup). Engines
+bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_no_wakeup). Engines
 send `wave_complete` / `start_wave` only to the coordinator (`core.py:2078-2090`, client
 index -1); the Rust client fails closed when they reach its main output path
 (client_fail_closes_when_main_output_path_receives_dp_control).
@@ -21,7 +21,7 @@ from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 
 STAMP = ("vllm/v1/engine/core_client.py:1588-1611 (0.33.0); rust client.rs "
-         "bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_one_wakeup")
+         "bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_no_wakeup")
 CONTROL = ("rust client.rs client_fail_closes_when_main_output_path_receives_dp_control; "
            "vllm/v1/engine/core.py:2078-2090 (client_index -1 -> coordinator only)")
 GEN = [Capability.GENERATE]
