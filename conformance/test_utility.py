@@ -13,10 +13,11 @@ from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
 from harness.verdicts import Level, case
+from harness.vllm_dist import tiny_lora_dir
 from harness.wire import DEFAULT_CODEC
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript, UtilityReply, any_request
+from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
 
 SPEC = "protocol-python.md §5.4 (0.33.0)"
 
@@ -87,7 +88,12 @@ STRAY = "core_client.py:1222-1244 (special call ids -1 / -2); rust-client.md §1
 IDS = "v1/engine/input_processor.py:354-371; rust-client.md §1.4 DuplicateRequestId"
 PASS = "v1/request.py:118-125 (extra_args kv/ec_transfer_params); EngineCoreRequest"
 CALL = [Capability.CALL_UTILITY]
-LORA = ["cw-lora", 7, "/tmp/cw-lora"]  # a wire LoRARequest [lora_name, lora_int_id, path]
+# A wire LoRARequest [lora_name, lora_int_id, path]: the checked-in adapter fixture and id 1,
+# the first id a frontend that numbers adapters itself (vllm-rs) hands out.
+LORA = ["cw-lora", 1, str(tiny_lora_dir())]
+LORA_METHODS = ("add_lora", "remove_lora", "list_loras", "pin_lora")
+# Methods that act on a loaded adapter: the case loads LORA first (engines answer true).
+LOADED_FIRST = {"remove_lora"}
 
 # method -> (wire args the client's call must produce, what each engine answers)
 METHODS: dict[str, tuple[list[Any], Any]] = {
@@ -101,16 +107,29 @@ METHODS: dict[str, tuple[list[Any], Any]] = {
     "resume_scheduler": ([], None),
     "collective_rpc": (["echo", None, [1], {}], ["w"]),
     "add_lora": ([LORA], True),
-    "remove_lora": ([7], True),
-    "list_loras": ([], [7]),
-    "pin_lora": ([7], True),
+    "remove_lora": ([1], True),
+    "list_loras": ([], [1]),
+    "pin_lora": ([1], True),
     "reset_mm_cache": ([], None),
     "reset_encoder_cache": ([], None),
 }
 
 
 def _scripts(method: str, *replies: UtilityReply) -> list[EngineScript]:
-    return [EngineScript(utilities={method: r}) for r in replies]
+    """One engine per reply; for a LoRA method the engines report LoRA support (a frontend
+    may refuse LoRA calls otherwise, vllm-rs does) and accept the preparatory add_lora."""
+    if method not in LORA_METHODS:
+        return [EngineScript(utilities={method: r}) for r in replies]
+    return [EngineScript(ready=default_ready(rank, len(replies), supports_lora=True,
+                                             max_loras=4),
+                         utilities={"add_lora": UtilityReply(True), method: r})
+            for rank, r in enumerate(replies)]
+
+
+async def _prepare(ctx: CaseContext, method: str) -> None:
+    """Load the adapter a LOADED_FIRST method acts on."""
+    if method in LOADED_FIRST:
+        await ctx.driver.call_utility("add_lora", [LORA])
 
 
 async def _refused(ctx: CaseContext, call: Awaitable[Any], expected: str) -> str:
@@ -152,6 +171,7 @@ def _fan_out_case(method: str) -> Callable[[CaseContext], Awaitable[None]]:
 
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(_scripts(method, *[UtilityReply(value)] * 3))
+        await _prepare(ctx, method)
         before = _counts(group, method)
         await ctx.driver.call_utility(method, args)
         per_engine = _calls_since(group, method, before)
@@ -170,6 +190,7 @@ def _failure_case(method: str) -> Callable[[CaseContext], Awaitable[None]]:
 
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(_scripts(method, *[UtilityReply(value)] * 3))
+        await _prepare(ctx, method)
         # Failing only from now on: a frontend may call the method while starting up.
         group.engines[2].script.utilities[method] = UtilityReply(
             failure=f"{method} failed on engine 2")
@@ -191,6 +212,7 @@ async def _answer(ctx: CaseContext, method: str, values: Sequence[Any],
     delays = delays or [0.0] * len(values)
     await ctx.start(_scripts(method, *[UtilityReply(v, delay=d)
                                        for v, d in zip(values, delays, strict=True)]))
+    await _prepare(ctx, method)
     return await ctx.driver.call_utility(method, METHODS[method][0])
 
 

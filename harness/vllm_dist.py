@@ -80,6 +80,18 @@ def tiny_model_dir() -> Path:
     return path
 
 
+def tiny_lora_dir() -> Path:
+    """The checked-in weightless LoRA adapter directory (fixtures/tiny-lora): the one path a
+    LoRA case asks a frontend to load, and the only one the vllm-rs driver allows its binary to
+    load from (VLLM_RUNTIME_LORA_ALLOWED_PATH_PREFIXES). Canonical, because vllm-rs sends the
+    canonical path to the engines."""
+    path = (_REPO_ROOT / "fixtures" / "tiny-lora").resolve()
+    if not (path / "adapter_config.json").is_file():
+        raise VllmArtifactError(f"LoRA adapter fixture missing at {path} (the harness must run "
+                                "from a source checkout)")
+    return path
+
+
 def vllm_rs_binary() -> Path:
     """Path to vLLM 0.33.0's Rust frontend (``vllm-rs``), fetched once if need be.
 

@@ -15,6 +15,8 @@ goes through the frontend's own HTTP surface, exactly as a client sees it:
   request the frontend tracks, so the driver never sends one.
 * `GET /is_sleeping`, `POST /reset_prefix_cache?reset_running_requests=..&reset_external=..`
   (dev routes, VLLM_SERVER_DEV_MODE=1).
+* `POST /v1/load_lora_adapter` / `/v1/unload_lora_adapter` for add_lora / remove_lora, from
+  the adapter fixture only (vllm_rs_utilities.LoraAdapters: vllm-rs picks the int ids).
 * `GET /v1/models` reports `max_model_len`; block_size and num_gpu_blocks are exposed nowhere
   over HTTP (not in /metrics, /server_info or /v1/models). They are read from the gRPC Control
   service instead (`--grpc-listen-fd`, `GetServerInfo`; see vllm_rs_control.py).
@@ -62,10 +64,16 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
-from harness.frontends.vllm_rs_utilities import RS_PASS_THROUGH, answer_value, route_for
+from harness.frontends.vllm_rs_utilities import (
+    RS_PASS_THROUGH,
+    LoraAdapters,
+    answer_value,
+    lora_environment,
+    route_for,
+)
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
-from harness.vllm_dist import tiny_model_dir, vllm_rs_binary
+from harness.vllm_dist import tiny_lora_dir, tiny_model_dir, vllm_rs_binary
 from harness.vocab import SPECIAL
 
 if TYPE_CHECKING:
@@ -277,6 +285,7 @@ class VllmRsDriver(FrontendDriver):
         self._external: set[str] = set()  # external ids this driver issued
         self._tag = uuid.uuid4().hex[:8]
         self._seq = itertools.count()
+        self._lora = LoraAdapters(str(tiny_lora_dir()))  # add_lora / remove_lora
 
     # ------------------------------------------------------------------ process
 
@@ -318,8 +327,8 @@ class VllmRsDriver(FrontendDriver):
         cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout,
                            grpc.fileno())
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
-        env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
-               "NO_COLOR": "1"}
+        self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
+        env = self._environment()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -341,8 +350,8 @@ class VllmRsDriver(FrontendDriver):
                                handshake_port, self.port, len(group.engines),
                                max(1, math.floor(timeout - 0.5)))
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
-        env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
-               "NO_COLOR": "1"}
+        self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
+        env = self._environment()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env)
@@ -350,6 +359,11 @@ class VllmRsDriver(FrontendDriver):
         group.start_handshake(f"tcp://127.0.0.1:{handshake_port}", local=False, headless=True,
                               timeout=timeout)
         await self._wait_serving(deadline)
+
+    def _environment(self) -> dict[str, str]:
+        """Dev-mode routes on; runtime LoRA loading allowed from the adapter fixture only."""
+        return {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
+                "NO_COLOR": "1", **lora_environment([self._lora.allowed_dir])}
 
     def _close_listeners(self) -> None:
         for sock in self._listeners:
@@ -411,14 +425,18 @@ class VllmRsDriver(FrontendDriver):
         finally:
             resp.close()
 
-    async def _json(self, method: str, path: str, body: Any = None) -> Any:
-        """A call whose 200 answer is JSON; anything else is the frontend refusing."""
+    async def _text(self, method: str, path: str, body: Any = None) -> tuple[int, str]:
+        """One bounded non-streaming call: (status, body text); no answer is a FrontendError."""
         try:
             status, raw = await asyncio.wait_for(self._call(method, path, body),
                                                  scaled(HTTP_TIMEOUT))
         except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
             raise FrontendError(f"{method} {path}: connection failed: {exc}") from exc
-        text = raw.decode("utf-8", "replace")
+        return status, raw.decode("utf-8", "replace")
+
+    async def _json(self, method: str, path: str, body: Any = None) -> Any:
+        """A call whose 200 answer is JSON; anything else is the frontend refusing."""
+        status, text = await self._text(method, path, body)
         if status != 200:
             raise HttpError(status, text)
         try:
@@ -581,9 +599,14 @@ class VllmRsDriver(FrontendDriver):
 
     async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
         """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities);
-        get_weight_version is reachable only through the gRPC Control service."""
+        get_weight_version is reachable only through the gRPC Control service, add_lora /
+        remove_lora through the LoRA adapter routes."""
         if method == "get_weight_version" and self.control is not None and not args:
             return await self.control.weight_version()
+        if method == "add_lora":
+            return await self._lora.add(args, self._text)
+        if method == "remove_lora":
+            return await self._lora.remove(args, self._text)
         route = route_for(method)
         path = route.path(args)
         body = route.body(args) if route.body is not None else None

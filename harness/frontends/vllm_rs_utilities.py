@@ -7,7 +7,9 @@ route the tiny-model configuration does not serve) raise UnsupportedOperation na
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -68,10 +70,8 @@ ROUTES: dict[str, Route] = {
     "reset_encoder_cache": Route("POST", lambda a: "/reset_encoder_cache"),
 }
 
+# add_lora / remove_lora go through /v1/(un)load_lora_adapter: see LoraAdapters below.
 UNREACHABLE: dict[str, str] = {
-    "add_lora": "/v1/load_lora_adapter answers 404 with the tiny-model configuration "
-                "(no LoRA enabled), so add_lora never reaches the engines",
-    "remove_lora": "/v1/unload_lora_adapter answers 404 with the tiny-model configuration",
     "list_loras": "vllm-rs serves no route that calls list_loras",
     "pin_lora": "vllm-rs serves no route that calls pin_lora",
     "get_weight_version": "reached through the gRPC Control service (GetWeightVersion, see "
@@ -95,3 +95,162 @@ def answer_value(route: Route, path: str, answer: Any) -> Any:
     if not isinstance(answer, dict) or route.answer_key not in answer:
         raise FrontendError(f"{path}: unexpected answer {answer!r:.300}")
     return answer[route.answer_key]
+
+
+# ---------------------------------------------------------------------- LoRA adapters
+#
+# Observed on the 0.33.0 binary against mock engines (reporting supports_lora=true):
+# * the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; a load path must be
+#   absolute, exist, and lie under one of VLLM_RUNTIME_LORA_ALLOWED_PATH_PREFIXES
+#   (':'-separated); the engines get the canonical path;
+# * vllm-rs picks lora_int_id itself: 1, 2, ... per process, one per load that reaches the
+#   engines (answered true, false or failed alike), never reused; a load_inplace of a loaded
+#   name keeps its id; the request has no id field;
+# * it fans add_lora / remove_lora out to every engine and ANDs: a false answer is HTTP 500
+#   "one or more engine ranks rejected LoRA adapter `n`" / "engine rejected removal of LoRA
+#   adapter `n` with id i" (the adapter is then not loaded / stays loaded); an engine's
+#   failure is HTTP 500 "failed to (un)load LoRA adapter `n`: utility call ... failed";
+# * unload takes the name (and checks an optional lora_int_id against the loaded one);
+# * with engines reporting supports_lora=false both routes answer 400 "engine was not started
+#   with LoRA enabled" and nothing reaches the engines.
+
+LORA_ENV_ALLOW = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+LORA_ENV_PREFIXES = "VLLM_RUNTIME_LORA_ALLOWED_PATH_PREFIXES"
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+_LOAD_REJECTED = "one or more engine ranks rejected LoRA adapter"
+_LOAD_FAILED = "failed to load LoRA adapter"
+_UNLOAD_REJECTED = "engine rejected removal of LoRA adapter"
+_LORA_DISABLED = "engine was not started with LoRA enabled"
+
+# (method, path, JSON body) -> (HTTP status, body text)
+Requester = Callable[[str, str, Any], Awaitable[tuple[int, str]]]
+
+
+def lora_environment(allowed: Sequence[str]) -> dict[str, str]:
+    """What the vllm-rs process needs in its environment to serve the LoRA routes."""
+    return {LORA_ENV_ALLOW: "True", LORA_ENV_PREFIXES: ":".join(allowed)}
+
+
+@dataclass(frozen=True)
+class WireLora:
+    """A wire LoRARequest array [lora_name, lora_int_id, lora_path, base_model_name,
+    load_inplace, is_3d_lora_weight] (trailing fields optional)."""
+
+    name: str
+    int_id: int
+    path: str
+    base_model_name: str | None = None
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+    @classmethod
+    def parse(cls, arg: Any) -> WireLora:
+        if not isinstance(arg, (list, tuple)) or not 3 <= len(arg) <= 6:
+            raise UnsupportedOperation(f"add_lora needs a wire LoRARequest array, got {arg!r}")
+        name, int_id, path, *rest = arg
+        if not (isinstance(name, str) and isinstance(int_id, int) and isinstance(path, str)):
+            raise UnsupportedOperation(f"add_lora: malformed LoRARequest {arg!r}")
+        base, inplace, is_3d = [*rest, None, False, False][:3]
+        return cls(name, int_id, path, base, bool(inplace), bool(is_3d))
+
+
+def _error_message(text: str) -> str:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else text
+
+
+class LoraAdapters:
+    """add_lora / remove_lora through vllm-rs's LoRA routes, keeping track of the ids vllm-rs
+    hands out, so that a call passes only when the engines will see exactly the wire args it
+    asked for (else UnsupportedOperation saying why)."""
+
+    def __init__(self, allowed_dir: str) -> None:
+        self.allowed_dir = allowed_dir
+        self.loaded: dict[str, int] = {}  # lora_name -> the id vllm-rs gave it
+        self.next_id: int | None = 1  # None: unknown after an answer we cannot account for
+
+    def _load_body(self, lora: WireLora) -> dict[str, Any]:
+        if lora.base_model_name is not None:
+            raise UnsupportedOperation("vllm-rs: /v1/load_lora_adapter takes no "
+                                       "base_model_name, so the engines never see one")
+        if os.path.realpath(lora.path) != lora.path or not (
+                lora.path == self.allowed_dir
+                or lora.path.startswith(self.allowed_dir.rstrip("/") + "/")):
+            raise UnsupportedOperation(
+                f"vllm-rs loads adapters only from absolute paths under {LORA_ENV_PREFIXES} "
+                f"and sends the engines the canonical path; the driver allows "
+                f"{self.allowed_dir!r} only, the call asked for {lora.path!r}")
+        expected = self._id_for(lora)
+        if lora.int_id != expected:
+            raise UnsupportedOperation(
+                f"vllm-rs assigns lora_int_id itself (1, 2, ... per process, one per load "
+                f"that reaches the engines): this load would get {expected}, the call asked "
+                f"for {lora.int_id}")
+        return {"lora_name": lora.name, "lora_path": lora.path,
+                "load_inplace": lora.load_inplace,
+                "is_3d_lora_weight": lora.is_3d_lora_weight}
+
+    def _id_for(self, lora: WireLora) -> int | str:
+        if lora.load_inplace and lora.name in self.loaded:
+            return self.loaded[lora.name]
+        return "unknown (an earlier answer left it open)" if self.next_id is None \
+            else self.next_id
+
+    def _consume(self, lora: WireLora) -> int | None:
+        """The id this load used; advances the counter unless an in-place reload kept it."""
+        if lora.load_inplace and lora.name in self.loaded:
+            return self.loaded[lora.name]
+        used = self.next_id
+        if used is not None:
+            self.next_id = used + 1
+        return used
+
+    async def add(self, args: Sequence[Any], request: Requester) -> bool:
+        lora = WireLora.parse(_arg(args, 0))
+        status, text = await request("POST", LOAD_PATH, self._load_body(lora))
+        message = _error_message(text)
+        if status == 200:
+            used = self._consume(lora)
+            if used is not None:
+                self.loaded[lora.name] = used
+            return True
+        _refuse_if_disabled(message)
+        if status == 500 and message.startswith(_LOAD_REJECTED):
+            self._consume(lora)  # reached every engine; one answered false (the AND)
+            return False
+        if status == 500 and message.startswith(_LOAD_FAILED):
+            self._consume(lora)
+        elif status >= 500:
+            self.next_id = None  # cannot tell whether it reached the engines
+        raise FrontendError(f"{LOAD_PATH}: HTTP {status}: {message[:500]}")
+
+    async def remove(self, args: Sequence[Any], request: Requester) -> bool:
+        int_id = _arg(args, 0)
+        name = next((n for n, i in self.loaded.items() if i == int_id), None)
+        if name is None:
+            raise UnsupportedOperation(
+                f"vllm-rs unloads adapters by lora_name: lora_int_id {int_id!r} names no "
+                f"adapter this driver loaded (loaded: {self.loaded})")
+        status, text = await request("POST", UNLOAD_PATH,
+                                     {"lora_name": name, "lora_int_id": int_id})
+        message = _error_message(text)
+        if status == 200:
+            del self.loaded[name]
+            return True
+        _refuse_if_disabled(message)
+        if status == 500 and message.startswith(_UNLOAD_REJECTED):
+            return False  # the AND over engines; the adapter stays loaded
+        raise FrontendError(f"{UNLOAD_PATH}: HTTP {status}: {message[:500]}")
+
+
+def _refuse_if_disabled(message: str) -> None:
+    if message.startswith(_LORA_DISABLED):
+        raise UnsupportedOperation(
+            "vllm-rs refuses LoRA loads unless the engines' ready responses report "
+            f"supports_lora=true (it answered {message!r}); nothing reached the engines")

@@ -17,11 +17,11 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
 from harness.casekit import hold, prompt, request_for, requests_for
-from harness.frontends.driver import FrontendError, StartupError
+from harness.frontends.driver import FrontendError, StartupError, UnsupportedOperation
 from harness.frontends.vllm_rs import VllmRsDriver
 from harness.frontends.vllm_rs_control import ControlError
 from harness.timing import scaled
-from harness.vllm_dist import VllmArtifactError, vllm_rs_binary
+from harness.vllm_dist import VllmArtifactError, tiny_lora_dir, vllm_rs_binary
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
 from tests.vllm_lane.driving import run_driver, scripts, wait_for
@@ -304,3 +304,51 @@ def test_frontend_crash_ends_streams_and_later_calls_fail() -> None:
             await asyncio.wait_for(driver.is_sleeping(), 5)
 
     run([EngineScript(rules=[any_request(hold())])], body)
+
+
+def _lora_engines(*add_answers: bool) -> list[EngineScript]:
+    return [EngineScript(ready=default_ready(r, len(add_answers), supports_lora=True,
+                                             max_loras=4),
+                         utilities={"add_lora": UtilityReply(v), "remove_lora": UtilityReply(v)})
+            for r, v in enumerate(add_answers)]
+
+
+def test_lora_ids_follow_what_vllm_rs_assigns() -> None:
+    """add_lora / remove_lora reach the engines with the ids vllm-rs picks; a call asking for
+    another id or path is UnsupportedOperation and sends nothing; a rejection is false."""
+    adapter = str(tiny_lora_dir())
+
+    async def body(driver: VllmRsDriver, group: EngineGroup) -> None:
+        def lora_calls() -> list[tuple[int, str, list[object]]]:
+            return [(c.rank, c.message.method, c.message.args)
+                    for c in group.transcript.utility_calls() if "lora" in c.message.method]
+
+        assert await driver.call_utility("add_lora", [["a", 1, adapter]]) is True
+        assert sorted(lora_calls()) == [(r, "add_lora", [["a", 1, adapter, None, False, False]])
+                                        for r in range(2)]
+        for wrong in (["b", 1, adapter], ["b", 2, "/tmp"], ["b", 2, adapter + "/../tiny-lora"]):
+            with pytest.raises(UnsupportedOperation):
+                await driver.call_utility("add_lora", [wrong])
+        with pytest.raises(UnsupportedOperation, match="names no adapter"):
+            await driver.call_utility("remove_lora", [2])
+        assert len(lora_calls()) == 2  # none of the refused calls reached an engine
+        group.engines[1].script.utilities["add_lora"] = UtilityReply(False)
+        assert await driver.call_utility("add_lora", [["b", 2, adapter]]) is False
+        group.engines[1].script.utilities["add_lora"] = UtilityReply(True)
+        assert await driver.call_utility("add_lora", [["c", 3, adapter]]) is True
+        group.engines[0].script.utilities["remove_lora"] = UtilityReply(False)
+        assert await driver.call_utility("remove_lora", [3]) is False
+        group.engines[0].script.utilities["remove_lora"] = UtilityReply(True)
+        assert await driver.call_utility("remove_lora", [3]) is True
+        assert [c[2] for c in lora_calls() if c[1] == "remove_lora"] == [[3]] * 4
+
+    run(_lora_engines(True, True), body)
+
+
+def test_lora_without_engine_support_is_unsupported() -> None:
+    async def body(driver: VllmRsDriver, group: EngineGroup) -> None:
+        with pytest.raises(UnsupportedOperation, match="supports_lora"):
+            await driver.call_utility("add_lora", [["a", 1, str(tiny_lora_dir())]])
+        assert not group.transcript.utility_calls("add_lora")
+
+    run(scripts(1), body)
