@@ -32,7 +32,6 @@ constructor, whose finaliser closes every socket and stops the coordinator.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
 import gc
@@ -121,7 +120,10 @@ class HandshakeStartup:
         self._config = config
         self._ready_timeout = ready_timeout
         self._canceller = _StartupCanceller()
-        self._future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        # The thread's outcome: the AsyncLLM (handed over once, never kept here) or why not.
+        self._done = threading.Event()
+        self._llm: Any = None
+        self._failure: StartupError | None = None
         self._thread = threading.Thread(target=self._run, name="vllm-py-handshake-startup",
                                         daemon=True)
         self._closed = False
@@ -161,8 +163,9 @@ class HandshakeStartup:
 
     def _run(self) -> None:
         if not _CONSTRUCT_LOCK.acquire(timeout=scaled(LOCK_TIMEOUT)):
-            self._future.set_exception(StartupError(
-                "a previous AsyncLLM handshake-mode startup is still running in this process"))
+            self._failure = StartupError(
+                "a previous AsyncLLM handshake-mode startup is still running in this process")
+            self._done.set()
             return
         failure: str | None = None
         try:
@@ -180,19 +183,22 @@ class HandshakeStartup:
             # that to a later GC pass or interpreter exit. A full pass (~0.3 s, failures
             # only): after a long wait the half-built AsyncLLM is in the oldest generation.
             gc.collect()
-            self._future.set_exception(StartupError(f"AsyncLLM did not start: {failure}"))
+            self._failure = StartupError(f"AsyncLLM did not start: {failure}")
         else:
-            self._future.set_result(llm)
+            self._llm = llm
+        self._done.set()
 
     async def result(self, bound: float) -> Any:
         """The AsyncLLM; StartupError when vLLM refused to start, StartupHang when it was
         still waiting `bound` + grace seconds after begin()."""
         waited = bound + scaled(STARTUP_GRACE)
         give_up = time.monotonic() + waited
-        while not self._future.done() and time.monotonic() < give_up:
+        while not self._done.is_set() and time.monotonic() < give_up:
             await asyncio.sleep(POLL_INTERVAL)
-        if self._future.done():
-            return self._future.result()  # raises the StartupError of a refused start
+        if self._done.is_set():
+            if self._failure is not None:
+                raise self._failure
+            return self.orphan()
         problem = await self.close()
         raise StartupHang(
             f"AsyncLLM's startup neither served nor failed within {waited:.1f}s (startup "
@@ -218,11 +224,10 @@ class HandshakeStartup:
         return None
 
     def orphan(self) -> Any:
-        """An AsyncLLM that finished building after the driver gave up on it (or None): the
-        driver still owns it and must shut it down."""
-        if self._future.done() and self._future.exception() is None:
-            return self._future.result()
-        return None
+        """The AsyncLLM built (or None), handed over once: also one that finished building
+        after the driver gave up on it, which the driver still must shut down."""
+        llm, self._llm = self._llm, None
+        return llm
 
 
 async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> HandshakeStartup:
@@ -230,7 +235,9 @@ async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> Handshak
     port = free_tcp_port()
     dp_size = len(group.engines)
     try:
-        config = await asyncio.to_thread(handshake_config, vllm.engine_args, dp_size, port)
+        # On the loop, like the driver's other configs: ~0.15 s the first time per DP size, a
+        # deep copy after (an executor thread would outlive the case).
+        config = handshake_config(vllm.engine_args, dp_size, port)
     except Exception as exc:
         raise StartupError(f"could not build vLLM's handshake-mode config for {dp_size} "
                            f"engine(s): {_describe(exc)}") from exc
