@@ -4,15 +4,15 @@ AsyncLLM owns the handshake when it is built *without* `client_addresses`: `MPCl
 its input ROUTER / output PULL itself and enters `launch_core_engines` (core_client.py:
 699-714), which binds the handshake ROUTER and runs `wait_for_engine_startup`
 (v1/engine/utils.py:1403-1580: HELLO -> INIT :1517, READY :1552) before the client waits for
-the engines' ready frames on its input socket (core_client.py:758-774). The supported way to
+the engines' ready frames on its input socket (core_client.py:757-775). The supported way to
 make it wait for engines it does not spawn is the multi-node layout: `--data-parallel-size N
 --data-parallel-size-local 0` on the frontend and `--headless` engines elsewhere. Then no
 engine process is started (`local_engine_count == 0`), every rank is a remote engine that
-must say `local=False, headless=True` (utils.py:1476-1505), the handshake socket is
-`tcp://<data_parallel_master_ip>:<data_parallel_rpc_port>` (utils.py:1362-1366) and the
+must say `local=False, headless=True` (utils.py:1419-1422, :1494-1518), the handshake socket is
+`tcp://<data_parallel_master_ip>:<data_parallel_rpc_port>` (utils.py:1343-1352) and the
 input/output sockets are loopback TCP (`get_engine_zmq_bind_addresses`, utils.py:1120-1160).
 The mock engines play the headless engines. For DP > 1 vLLM also starts its real DP
-coordinator process (utils.py:1260-1279; engines here never connect to it); it is forked, as
+coordinator process (utils.py:1265-1279; engines here never connect to it); it is forked, as
 `VLLM_WORKER_MULTIPROC_METHOD=fork` makes it (the CPU platform's spawn default re-imports
 vLLM, about 10 s), and AsyncLLM.shutdown() stops it.
 
@@ -25,7 +25,7 @@ level. The abort uses vLLM's own hook: `CoreEngineLaunch.watched_frontend_proces
 (utils.py:1202, what `vllm serve` sets to its API server processes, serve.py:382) are polled
 by `wait_for_engine_startup` with the handshake socket; one whose sentinel becomes readable
 ends startup with "Frontend process failed during engine core initialization"
-(utils.py:1431-1466). The driver registers a pipe there; writing to it unblocks the
+(utils.py:1431-1474). The driver registers a pipe there; writing to it unblocks the
 constructor, whose finaliser closes every socket and stops the coordinator.
 """
 
@@ -244,7 +244,8 @@ async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> Handshak
     startup = HandshakeStartup(vllm, config, max(0.05, timeout))
     startup.begin()
     # Remote headless engines (the only kind a frontend with no local engines accepts in
-    # internal-LB mode, utils.py:1476-1505); they retry until the handshake socket is bound.
+    # internal-LB mode, utils.py:1419-1422, :1503-1518); they retry until the handshake
+    # socket is bound.
     group.start_handshake(f"tcp://{HOST}:{port}", local=False, headless=True,
                           timeout=timeout)
     return startup
@@ -252,7 +253,7 @@ async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> Handshak
 
 def start_output_tasks(llm: Any) -> None:
     """What AsyncLLM and its client start eagerly when built on the event loop
-    (async_llm.py:219-224, core_client.py:1184-1191, :1512-1519); built on a thread, start
+    (async_llm.py:218-224, core_client.py:1183-1191, :1512-1519); built on a thread, start
     them now, on the loop, so no engine output waits for the first request."""
     client = llm.engine_core
     for starter in (getattr(llm, "_run_output_handler", None),
