@@ -5,7 +5,9 @@ vLLM 0.33.0: `wait_for_engine_startup` (`v1/engine/utils.py:1403-1580`): each en
 startup, every receive bounded; engines send HELLO/READY from `core.py:1401-1425`. Rust
 HandshakeOwner (rust-client.md §2.2): the same stages, "Duplicate HELLO id -> error", a
 per-stage `HandshakeTimeout{stage}`. vllm-rs runs it as `vllm-rs serve` (vllm_rs_handshake.py);
-drivers that cannot run a frontend in this mode report UNSUPPORTED with the reason (vllm_py.py).
+vllm-py builds AsyncLLM without client_addresses, owning the handshake of remote headless
+engines (vllm_py_handshake.py); a frontend still waiting past the bound is a StartupHang,
+graded by the case's level. Drivers that cannot run this mode report UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability, StartupError
+from harness.frontends.driver import Capability, StartupError, StartupHang
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
@@ -71,6 +73,9 @@ async def _startup_refused(ctx: CaseContext, scripts: list[EngineScript],
     except StartupError as exc:
         ctx.note(f"startup error after {time.monotonic() - began:.2f}s: {exc}")
         return str(exc)
+    except StartupHang as exc:  # still waiting past the bound: the driver aborted it
+        ctx.require(False, expected=f"startup fails within the {ctx.t(timeout):.1f}s bound",
+                    observed=str(exc))
     ctx.require(False, expected="startup fails", observed="the frontend started and serves")
     return ""
 

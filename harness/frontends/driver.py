@@ -55,6 +55,12 @@ class StartupError(FrontendError):
     """The frontend did not come up against the engine group (bounded)."""
 
 
+class StartupHang(FrontendError):
+    """The frontend neither served nor refused within its startup bound: it was still
+    waiting (a wait with no bound of its own), so the driver aborted the attempt. Not a
+    StartupError: a case expecting a bounded startup failure grades it by its level."""
+
+
 class UnsupportedOperation(FrontendError):
     """The driver cannot perform this operation; cases turn it into UNSUPPORTED."""
 

@@ -10,7 +10,9 @@ public API those routes call and lets vLLM's own client code speak the wire prot
   no handshake socket is involved. The constructor blocks until every engine identity has sent
   its ready frame, applying each to the config (max_model_len = min, num_gpu_blocks = sum,
   block_size = last). DP=1 gives `AsyncMPClient`, DP>1 `DPLBAsyncMPClient` (which subscribes to
-  the mock coordinator's XPUB). The constructor runs on the event loop, as in `vllm serve`, so
+  the mock coordinator's XPUB). Cases that need the frontend to own HELLO / INIT / READY
+  (`group.handshake`) build it without client_addresses instead (vllm_py_handshake.py).
+  The constructor runs on the event loop, as in `vllm serve`, so
   the output tasks start eagerly; its blocking ready wait is bounded by the startup timeout
   through vLLM's own knob (VLLM_ENGINE_READY_TIMEOUT_S, read once at import by `core_client`,
   hence set on that module for the duration of the constructor). Then, like `vllm serve`,
@@ -54,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.frontends import vllm_py_handshake as handshake
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
     PASS_THROUGH_FIELDS,
@@ -193,6 +196,7 @@ class VllmPyDriver(FrontendDriver):
         self._llm: Any = None
         self._ipc: PrivateIpcDir | None = None
         self._listeners: list[socket.socket] = []
+        self._handshake: handshake.HandshakeStartup | None = None
         self._streams: dict[int, tuple[StreamHandle, asyncio.Task[None]]] = {}
         self._ids = itertools.count()
         self._log = _LogTail()
@@ -211,18 +215,6 @@ class VllmPyDriver(FrontendDriver):
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmPyDriver starts once")
         deadline = time.monotonic() + timeout
-        if group.handshake:
-            # AsyncLLM owns HELLO/INIT/READY only inside launch_core_engines (engine/utils.py
-            # 1206-1401), which also spawns the engine processes and, for DP, a real DP
-            # coordinator process; with client_addresses (pre-started engines) no handshake
-            # socket exists (core_client.py:727-750).
-            raise UnsupportedOperation(
-                "handshake mode: AsyncLLM runs HELLO/INIT/READY only inside "
-                "launch_core_engines, which spawns its own engine (and, for DP, coordinator) "
-                "processes, and whose wait_for_engine_startup polls with no timeout "
-                "(v1/engine/utils.py:1439-1452), so a case withholding HELLO or READY would "
-                "block the event loop for good; this driver starts AsyncLLM with "
-                "client_addresses, where no handshake socket exists")
         if group.engines[0].rank != 0:
             # AsyncLLM's identities are engine_ranks_managed = 0..dp_size-1 of its own config
             # (core_client.py:752-755); a frontend owning ranks from a nonzero start index is
@@ -231,6 +223,13 @@ class VllmPyDriver(FrontendDriver):
                 f"engines start at rank {group.engines[0].rank}: this driver builds AsyncLLM "
                 f"for ranks 0..N-1 only (external/hybrid-LB configs are not built)")
         vllm = _load_vllm()
+        if group.handshake:  # AsyncLLM owns HELLO / INIT / READY (vllm_py_handshake.py)
+            self._attach_log()
+            self._handshake = await handshake.start_owner(vllm, group, timeout)
+            self._llm = await self._handshake.result(timeout)
+            handshake.start_output_tasks(self._llm)
+            await self._serve_steps(deadline, timeout)
+            return
         dp_size = len(group.engines)
         try:
             config = copy.deepcopy(_base_config(vllm, dp_size))
@@ -257,7 +256,10 @@ class VllmPyDriver(FrontendDriver):
         self._attach_log()
         group.start_bootstrapped([inputs], [outputs])
         self._llm = self._construct(vllm, config, addresses, deadline)
-        # What `vllm serve` does before it serves: reset_mm_cache(), get_supported_tasks().
+        await self._serve_steps(deadline, timeout)
+
+    async def _serve_steps(self, deadline: float, timeout: float) -> None:
+        """What `vllm serve` does before it serves: reset_mm_cache(), get_supported_tasks()."""
         for step in ("reset_mm_cache", "get_supported_tasks"):
             remaining = max(0.0, deadline - time.monotonic())
             try:
@@ -292,8 +294,14 @@ class VllmPyDriver(FrontendDriver):
         if self._closed:
             return
         self._closed = True
-        llm, self._llm = self._llm, None
         problems: list[str] = []
+        if self._handshake is not None:  # a handshake-mode startup the case left running
+            problem = await self._handshake.close()
+            if problem:
+                problems.append(problem)
+            if self._llm is None:
+                self._llm = self._handshake.orphan()
+        llm, self._llm = self._llm, None
         vllm_tasks: list[asyncio.Task[Any]] = []
         if llm is not None:
             self._state = self._describe_state(llm)

@@ -1,0 +1,263 @@
+"""vLLM 0.33.0's AsyncLLM as the owner of the HELLO / INIT / READY handshake.
+
+AsyncLLM owns the handshake when it is built *without* `client_addresses`: `MPClient` binds
+its input ROUTER / output PULL itself and enters `launch_core_engines` (core_client.py:
+699-714), which binds the handshake ROUTER and runs `wait_for_engine_startup`
+(v1/engine/utils.py:1403-1580: HELLO -> INIT :1517, READY :1552) before the client waits for
+the engines' ready frames on its input socket (core_client.py:757-775). The supported way to
+make it wait for engines it does not spawn is the multi-node layout: `--data-parallel-size N
+--data-parallel-size-local 0` on the frontend and `--headless` engines elsewhere. Then no
+engine process is started (`local_engine_count == 0`), every rank is a remote engine that
+must say `local=False, headless=True` (utils.py:1419-1422, :1494-1518), the handshake socket is
+`tcp://<data_parallel_master_ip>:<data_parallel_rpc_port>` (utils.py:1343-1352) and the
+input/output sockets are loopback TCP (`get_engine_zmq_bind_addresses`, utils.py:1120-1160).
+The mock engines play the headless engines. For DP > 1 vLLM also starts its real DP
+coordinator process (utils.py:1265-1279; engines here never connect to it); it is forked, as
+`VLLM_WORKER_MULTIPROC_METHOD=fork` makes it (the CPU platform's spawn default re-imports
+vLLM, about 10 s), and AsyncLLM.shutdown() stops it.
+
+`wait_for_engine_startup` has no bound: it polls the handshake socket every 10 s for ever
+(utils.py:1439-1452); `VLLM_ENGINE_READY_TIMEOUT_S` only bounds the later ready-frame wait.
+So the constructor runs on its own thread, and the driver waits for it up to the startup
+bound plus a grace. A construction still blocked then is the frontend's behaviour (it would
+wait for good): the driver aborts it and raises `StartupHang`, which cases grade by their
+level. The abort uses vLLM's own hook: `CoreEngineLaunch.watched_frontend_processes`
+(utils.py:1202, what `vllm serve` sets to its API server processes, serve.py:382) are polled
+by `wait_for_engine_startup` with the handshake socket; one whose sentinel becomes readable
+ends startup with "Frontend process failed during engine core initialization"
+(utils.py:1431-1474). The driver registers a pipe there; writing to it unblocks the
+constructor, whose finaliser closes every socket and stops the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import gc
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from harness.frontends.driver import StartupError, StartupHang
+from harness.timing import scaled
+from harness.vllm_dist import tiny_model_dir
+
+if TYPE_CHECKING:
+    from mock_engines.group import EngineGroup
+
+STARTUP_GRACE = 2.0  # seconds past the startup bound before a blocked start is a hang
+ABORT_JOIN_TIMEOUT = 10.0  # for the aborted constructor to unwind (coordinator included)
+LOCK_TIMEOUT = 5.0  # a previous construction still holding the patched launcher
+POLL_INTERVAL = 0.005  # the loop polls the constructor thread's outcome
+HOST = "127.0.0.1"
+
+_CONFIGS: dict[int, Any] = {}  # data_parallel_size -> pristine handshake-mode VllmConfig
+_CONFIG_LOCK = threading.Lock()
+# One construction at a time per process: it swaps module globals of vLLM's core_client and
+# the multiprocessing method for its duration.
+_CONSTRUCT_LOCK = threading.Lock()
+
+
+def free_tcp_port() -> int:
+    """A loopback port free right now (AsyncLLM binds the handshake socket there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def handshake_config(engine_args: Any, dp_size: int, port: int) -> Any:
+    """A private VllmConfig for a frontend owning the handshake of `dp_size` remote
+    headless engines (`--data-parallel-size-local 0`) at tcp://127.0.0.1:`port`."""
+    with _CONFIG_LOCK:
+        base = _CONFIGS.get(dp_size)
+        if base is None:
+            args = engine_args(model=str(tiny_model_dir()), skip_tokenizer_init=False,
+                               data_parallel_size=dp_size, data_parallel_size_local=0,
+                               data_parallel_address=HOST, data_parallel_rpc_port=port)
+            base = _CONFIGS[dp_size] = args.create_engine_config()
+    config = copy.deepcopy(base)
+    config.parallel_config.data_parallel_rpc_port = port
+    return config
+
+
+class _StartupCanceller:
+    """Looks like a watched frontend process to wait_for_engine_startup: a pipe whose read
+    end is its sentinel; `fire()` makes it readable, which aborts the startup wait."""
+
+    name = "corewire-startup-bound"
+    exitcode: int | None = None  # read by vLLM's error message only
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        self.sentinel = self._read
+        self.fired = False
+
+    def fire(self) -> None:
+        if not self.fired:
+            self.fired = True
+            with contextlib.suppress(OSError):
+                os.write(self._write, b"x")
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+class HandshakeStartup:
+    """One AsyncLLM construction in handshake mode, on its own thread, abortable."""
+
+    def __init__(self, vllm: Any, config: Any, ready_timeout: float) -> None:
+        self._vllm = vllm  # harness.frontends.vllm_py._Vllm
+        self._config = config
+        self._ready_timeout = ready_timeout
+        self._canceller = _StartupCanceller()
+        # The thread's outcome: the AsyncLLM (handed over once, never kept here) or why not.
+        self._done = threading.Event()
+        self._llm: Any = None
+        self._failure: StartupError | None = None
+        self._thread = threading.Thread(target=self._run, name="vllm-py-handshake-startup",
+                                        daemon=True)
+        self._closed = False
+
+    def begin(self) -> None:
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def _patched(self) -> Iterator[None]:
+        """Register the canceller with launch_core_engines, bound the ready-frame wait, fork
+        the DP coordinator; everything restored afterwards."""
+        module = self._vllm.core_client
+        original = module.launch_core_engines
+        canceller = self._canceller
+
+        @contextlib.contextmanager
+        def launch_watched(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            with original(*args, **kwargs) as launch:
+                launch.watched_frontend_processes = (*launch.watched_frontend_processes,
+                                                     canceller)
+                yield launch
+
+        saved_knob = module.VLLM_ENGINE_READY_TIMEOUT_S
+        saved_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+        module.launch_core_engines = launch_watched
+        module.VLLM_ENGINE_READY_TIMEOUT_S = self._ready_timeout
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        try:
+            yield
+        finally:
+            module.launch_core_engines = original
+            module.VLLM_ENGINE_READY_TIMEOUT_S = saved_knob
+            if saved_method is None:
+                os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+            else:
+                os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = saved_method
+
+    def _run(self) -> None:
+        if not _CONSTRUCT_LOCK.acquire(timeout=scaled(LOCK_TIMEOUT)):
+            self._failure = StartupError(
+                "a previous AsyncLLM handshake-mode startup is still running in this process")
+            self._done.set()
+            return
+        failure: str | None = None
+        try:
+            with self._patched():
+                llm = self._vllm.async_llm(self._config, executor_class=None,
+                                           log_stats=False, log_requests=False)
+        except Exception as exc:
+            failure = _describe(exc)
+            del exc  # its traceback holds the half-built client; let the GC have it
+        finally:
+            _CONSTRUCT_LOCK.release()
+        if failure is not None:
+            # The half-built client closed its sockets and stopped its coordinator; collecting
+            # it now terminates its ZMQ context (and runs AsyncLLM.__del__) instead of leaving
+            # that to a later GC pass or interpreter exit. A full pass (~0.3 s, failures
+            # only): after a long wait the half-built AsyncLLM is in the oldest generation.
+            gc.collect()
+            self._failure = StartupError(f"AsyncLLM did not start: {failure}")
+        else:
+            self._llm = llm
+        self._done.set()
+
+    async def result(self, bound: float) -> Any:
+        """The AsyncLLM; StartupError when vLLM refused to start, StartupHang when it was
+        still waiting `bound` + grace seconds after begin()."""
+        waited = bound + scaled(STARTUP_GRACE)
+        give_up = time.monotonic() + waited
+        while not self._done.is_set() and time.monotonic() < give_up:
+            await asyncio.sleep(POLL_INTERVAL)
+        if self._done.is_set():
+            if self._failure is not None:
+                raise self._failure
+            return self.orphan()
+        problem = await self.close()
+        raise StartupHang(
+            f"AsyncLLM's startup neither served nor failed within {waited:.1f}s (startup "
+            f"bound {bound:.1f}s): wait_for_engine_startup polls the handshake socket with no "
+            f"timeout (v1/engine/utils.py:1439-1452); the driver aborted it"
+            + (f" ({problem})" if problem else ""))
+
+    async def close(self) -> str | None:
+        """Abort a construction still running and reap its thread (bounded); a problem
+        text if it did not unwind. An AsyncLLM built meanwhile is handed to `orphan`."""
+        if self._closed:
+            return None
+        self._closed = True
+        self._canceller.fire()
+        began = time.monotonic()
+        limit = scaled(ABORT_JOIN_TIMEOUT)
+        while self._thread.is_alive() and time.monotonic() - began < limit:
+            await asyncio.sleep(0.01)
+        if self._thread.is_alive():
+            return (f"the aborted AsyncLLM constructor did not unwind within {limit:.0f}s "
+                    f"(its canceller pipe is left open)")
+        self._canceller.close()
+        return None
+
+    def orphan(self) -> Any:
+        """The AsyncLLM built (or None), handed over once: also one that finished building
+        after the driver gave up on it, which the driver still must shut down."""
+        llm, self._llm = self._llm, None
+        return llm
+
+
+async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> HandshakeStartup:
+    """Begin building AsyncLLM as the handshake owner and point the engines at it."""
+    port = free_tcp_port()
+    dp_size = len(group.engines)
+    try:
+        # On the loop, like the driver's other configs: ~0.15 s the first time per DP size, a
+        # deep copy after (an executor thread would outlive the case).
+        config = handshake_config(vllm.engine_args, dp_size, port)
+    except Exception as exc:
+        raise StartupError(f"could not build vLLM's handshake-mode config for {dp_size} "
+                           f"engine(s): {_describe(exc)}") from exc
+    startup = HandshakeStartup(vllm, config, max(0.05, timeout))
+    startup.begin()
+    # Remote headless engines (the only kind a frontend with no local engines accepts in
+    # internal-LB mode, utils.py:1419-1422, :1503-1518); they retry until the handshake
+    # socket is bound.
+    group.start_handshake(f"tcp://{HOST}:{port}", local=False, headless=True,
+                          timeout=timeout)
+    return startup
+
+
+def start_output_tasks(llm: Any) -> None:
+    """What AsyncLLM and its client start eagerly when built on the event loop
+    (async_llm.py:218-224, core_client.py:1183-1191, :1512-1519); built on a thread, start
+    them now, on the loop, so no engine output waits for the first request."""
+    client = llm.engine_core
+    for starter in (getattr(llm, "_run_output_handler", None),
+                    getattr(client, "_ensure_output_queue_task", None),
+                    getattr(client, "_ensure_stats_update_task", None)):
+        if callable(starter):
+            starter()
