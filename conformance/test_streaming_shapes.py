@@ -6,9 +6,8 @@ stats-only messages. Hand-built messages (`MockEngine.send_outputs`) cover the s
 script produces: reversed and interleaved batches across engines, an unknown id in the
 middle of a batch, a duplicate final output.
 
-Out of reach: large *inputs* as aux frames (multimodal tensors on ADD, vllm-rs
-client_sends_large_multimodal_tensor_as_aux_frame) need multimodal input on the driver
-surface, which no driver offers; multipart *logprob* outputs need a request that asks for
+Large *inputs* as aux frames (tensors on the ADD) are in test_streaming_inputs.py. Out of
+reach: multipart *logprob* outputs need a request that asks for
 logprobs (vLLM's Python output processor asserts num_logprobs for any new_logprobs), which
 the driver surface cannot express either, so the aux-frame cases carry `routed_experts`
 arrays, decoded by both frontends for every request.

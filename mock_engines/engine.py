@@ -55,6 +55,8 @@ class _LiveRequest:
     added: float = 0.0
     tokens_sent: int = 0
     outputs_sent: int = 0
+    # Streaming-input session: inputs (ADD, its index) that arrived while this segment ran.
+    queued: list[tuple[m.EngineCoreRequest, int]] = field(default_factory=list)
 
 
 @dataclass(order=True)
@@ -79,6 +81,8 @@ class MockEngineCore:
         self.live: dict[str, _LiveRequest] = {}
         self.finished: set[str] = set()  # ids that got a final output
         self.aborted: set[str] = set()  # ids removed by an ABORT while live
+        # Streaming-input sessions between segments (vLLM: WAITING_FOR_STREAMING_REQ).
+        self.sessions: dict[str, m.EngineCoreRequest] = {}
         self.dead = False
         self._adds_seen = 0
         self._replies: list[_PendingReply] = []
@@ -128,8 +132,30 @@ class MockEngineCore:
         self._stats_only_due = False  # busy again: the next step carries stats anyway
         index = self._adds_seen
         self._adds_seen += 1
-        if request.request_id in self.live:
+        rid = request.request_id
+        live = self.live.get(rid)
+        if live is not None:
+            if live.request.resumable:  # a session's segment runs: the input waits for it
+                live.queued.append((request, index))
             return  # a duplicate ADD for a live id: recorded in the transcript, ignored
+        if rid in self.sessions:
+            self._session_input(rid, request, index, now)
+            return
+        self._start(request, index, now)
+
+    def _session_input(self, rid: str, request: m.EngineCoreRequest, index: int,
+                       now: float) -> None:
+        """The next input of a session between segments: a resumable ADD runs as the next
+        segment, a final one ends the session (vLLM scheduler.add_request)."""
+        del self.sessions[rid]
+        if request.resumable:
+            self._start(request, index, now)
+            return
+        self.finished.add(rid)
+        self._note_finished(request.client_index, rid)
+        self._went_idle()
+
+    def _start(self, request: m.EngineCoreRequest, index: int, now: float) -> None:
         steps = self.script.steps_for(request, index)
         if request.abort_immediately or not steps:
             return
@@ -139,9 +165,11 @@ class MockEngineCore:
     def _on_abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             live = self.live.pop(rid, None)
-            if live is not None:
+            waiting = self.sessions.pop(rid, None)
+            request = live.request if live is not None else waiting
+            if request is not None:
                 self.aborted.add(rid)
-                self._note_finished(live.request.client_index, rid)
+                self._note_finished(request.client_index, rid)
                 self._went_idle()
 
     def _on_utility(self, call: m.UtilityRequest, now: float) -> None:
@@ -207,7 +235,7 @@ class MockEngineCore:
                     weight_version=self.script.weight_version)))
                 self._advance(rid, live)
                 continue
-            per_client.setdefault(client, []).append(self._output_for(rid, live, step))
+            per_client.setdefault(client, []).append(self._output_for(rid, live, step, now))
         out = faults
         stats = self._scheduler_stats() if per_client or self._stats_only_due else None
         for client, outputs in per_client.items():
@@ -234,8 +262,8 @@ class MockEngineCore:
         self._finished_for_client.setdefault(live.request.client_index, []).append(rid)
         self._went_idle()
 
-    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | EmitArrays | Finish
-                    ) -> m.EngineCoreOutput:
+    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | EmitArrays | Finish,
+                    now: float) -> m.EngineCoreOutput:
         tokens = list(step.tokens)
         live.tokens_sent += len(tokens)
         first = live.outputs_sent == 0
@@ -254,13 +282,32 @@ class MockEngineCore:
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill,
                                       routed_experts=experts)
         del self.live[rid]
-        self.finished.add(rid)
-        self._note_finished(live.request.client_index, rid)
-        self._went_idle()
+        if not self._segment_ended(rid, live, step.reason, now):
+            self.finished.add(rid)
+            self._note_finished(live.request.client_index, rid)
+            self._went_idle()
         return m.EngineCoreOutput(rid, tokens, finish_reason=step.reason,
                                   stop_reason=step.stop_reason, events=events,
                                   kv_transfer_params=step.kv_transfer_params,
                                   prefill_stats=prefill, error=step.error)
+
+    def _segment_ended(self, rid: str, live: _LiveRequest, reason: m.FinishReason,
+                       now: float) -> bool:
+        """A resumable request's stop is a segment's end, not the request's: it waits for
+        (or takes) the next input. False when the request really finished."""
+        if not live.request.resumable or reason in (m.FinishReason.ABORT,
+                                                    m.FinishReason.ERROR):
+            return False
+        if not live.queued:
+            self.sessions[rid] = live.request
+            return True
+        request, index = live.queued.pop(0)
+        if not request.resumable:
+            return False  # the input was closed while the segment ran
+        self._start(request, index, now)
+        if rid in self.live:
+            self.live[rid].queued.extend(live.queued)
+        return True
 
     @staticmethod
     def _prefill_stats(live: _LiveRequest) -> dict[str, int]:

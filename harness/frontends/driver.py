@@ -9,6 +9,7 @@ driver lacks is graded UNSUPPORTED instead of passing silently.
 from __future__ import annotations
 
 import abc
+import array
 import asyncio
 import enum
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,12 @@ class Capability(str, enum.Enum):
     CANCEL_UTILITY = "cancel_utility"
     CLIENT_REQUEST_ID = "client_request_id"  # generate(request_id=...) is honoured
     PASS_THROUGH = "pass_through"  # generate(params=...) fields reach the frontend
+    # open_session / continue_session / close_session: a streaming-input session (vLLM's
+    # resumable EngineCoreRequest; AsyncLLM.generate() with an async generator of inputs).
+    STREAMING_INPUT = "streaming_input"
+    # generate(params={"prompt_embeds": rows}) puts a float32 tensor on the ADD (a large
+    # one travels as an aux frame).
+    INPUT_TENSORS = "input_tensors"
 
 
 ALL_CAPABILITIES = frozenset(Capability)
@@ -80,6 +87,18 @@ def check_generate_options(driver: str, request_id: str | None,
 # key. kv_transfer_params / ec_transfer_params travel in SamplingParams.extra_args
 # (vllm/v1/request.py:118-125); cache_salt is EngineCoreRequest field 7.
 PASS_THROUGH_FIELDS = ("kv_transfer_params", "ec_transfer_params", "cache_salt")
+# generate(params=...) keys that carry tensors (Capability.INPUT_TENSORS): "prompt_embeds" is
+# a list of rows of floats, sent as EngineCoreRequest.prompt_embeds (field 9, float32).
+TENSOR_FIELDS = ("prompt_embeds",)
+
+
+def prompt_embeds_bytes(rows: Sequence[Sequence[float]]) -> tuple[tuple[int, int], bytes]:
+    """(shape, native-endian float32 bytes) of a prompt_embeds value; ValueError if ragged."""
+    width = len(rows[0]) if rows else 0
+    if any(len(row) != width for row in rows):
+        raise ValueError("prompt_embeds rows must all have the same length")
+    flat = [float(v) for row in rows for v in row]
+    return (len(rows), width), array.array("f", flat).tobytes()
 
 
 @dataclass
@@ -192,6 +211,25 @@ class FrontendDriver(abc.ABC):
         client giving up on the call (Capability.CANCEL_UTILITY).
         """
         raise UnsupportedOperation(f"{self.name}: call_utility({method!r}) is not on this "
+                                   f"driver's surface")
+
+    async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                           data_parallel_rank: int | None = None) -> StreamHandle:
+        """Start a streaming-input session with its first input segment; the handle stays
+        open across segment finishes until the session is closed, aborted or fails."""
+        raise UnsupportedOperation(f"{self.name}: streaming-input sessions are not on this "
+                                   f"driver's surface")
+
+    async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
+                               max_tokens: int) -> None:
+        """Send the session's next input segment (the same request continues)."""
+        raise UnsupportedOperation(f"{self.name}: streaming-input sessions are not on this "
+                                   f"driver's surface")
+
+    async def close_session(self, handle: StreamHandle) -> None:
+        """End the session's input: no more segments (the stream ends once the engine has
+        finished the last one)."""
+        raise UnsupportedOperation(f"{self.name}: streaming-input sessions are not on this "
                                    f"driver's surface")
 
     @abc.abstractmethod

@@ -131,7 +131,28 @@ class DriverProgram:
                                           stop=msg.get("stop"),
                                           request_id=msg.get("request_id"),
                                           params=msg.get("params"))
-        sid = str(msg["stream"])
+        return self.attach(str(msg["stream"]), handle)
+
+    async def cmd_open_session(self, msg: dict[str, Any]) -> dict[str, Any]:
+        handle = await self.fe().open_session(msg["prompt"], int(msg["max_tokens"]),
+                                              data_parallel_rank=msg.get("data_parallel_rank"))
+        return self.attach(str(msg["stream"]), handle)
+
+    async def cmd_continue_session(self, msg: dict[str, Any]) -> None:
+        await self.fe().continue_session(self.session_id(msg), msg["prompt"],
+                                         int(msg["max_tokens"]))
+
+    async def cmd_close_session(self, msg: dict[str, Any]) -> None:
+        await self.fe().close_session(self.session_id(msg))
+
+    def session_id(self, msg: dict[str, Any]) -> str:
+        handle = self.streams.get(str(msg["stream"]))
+        if handle is None or handle.request_id is None:
+            raise FrontendError(f"unknown session stream {msg['stream']!r}")
+        return handle.request_id
+
+    def attach(self, sid: str, handle: StreamHandle) -> dict[str, Any]:
+        """Relay the stream's events from now on (and what it already holds)."""
         self.streams[sid] = handle
         handle.observer = lambda event, fields: self.emit({"event": event, "stream": sid,
                                                            **fields})

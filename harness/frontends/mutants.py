@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontends import mutants_dp as dp
+from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
 from harness.frontends.mutants_abort import (
@@ -562,6 +563,24 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            PassThroughKvOnly),
     Mutant("kv_params_falsy_dropped", "kv_transfer_params loses its false/empty values",
            KvParamsFalsyDropped),
+    # -- inputs (cores in mutants_inputs.py) --
+    Mutant("session_abort_owner_only", "a session's abort goes to its owner only",
+           mi.SessionAbortOwnerOnly),
+    Mutant("session_drop_left_to_engine", "a dropped session gets no ABORT at all",
+           mi.SessionDropLeftToEngine),
+    Mutant("segment_finish_ends_session", "a segment's finish ends the session's stream",
+           mi.SegmentFinishEndsSession),
+    Mutant("continuation_new_id", "a continuation goes out under a fresh request id",
+           mi.ContinuationNewId),
+    Mutant("continuation_not_resumable", "continuations are not marked resumable",
+           mi.ContinuationNotResumable),
+    Mutant("continuation_routed_fresh", "a continuation is routed away from its session",
+           mi.ContinuationRoutedFresh),
+    Mutant("close_ends_at_once", "closing the input ends the stream before the running "
+           "segment finishes", mi.CloseEndsAtOnce),
+    Mutant("tensors_inline", "large input tensors inlined (no aux frame)", mi.TensorsInline),
+    Mutant("tensors_always_aux", "small input tensors sent as aux frames",
+           mi.TensorsAlwaysAux),
 ]}
 
 

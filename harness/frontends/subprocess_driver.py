@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
     PASS_THROUGH_FIELDS,
+    TENSOR_FIELDS,
     Capability,
     FrontendDriver,
     FrontendError,
@@ -231,8 +232,9 @@ class SubprocessDriver(FrontendDriver):
         check_generate_options(
             self.name, request_id, params,
             request_ids=Capability.CLIENT_REQUEST_ID in self.capabilities,
-            pass_through=PASS_THROUGH_FIELDS if Capability.PASS_THROUGH in self.capabilities
-            else ())
+            pass_through=(PASS_THROUGH_FIELDS if Capability.PASS_THROUGH in self.capabilities
+                          else ()) + (TENSOR_FIELDS if Capability.INPUT_TENSORS
+                                      in self.capabilities else ()))
         options: dict[str, Any] = {}
         if request_id is not None:
             options["request_id"] = request_id
@@ -246,6 +248,39 @@ class SubprocessDriver(FrontendDriver):
                                     stop=list(stop) if stop else None, **options)
         handle.request_id = reply.get("request_id")
         return handle
+
+    async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                           data_parallel_rank: int | None = None) -> StreamHandle:
+        self._require_sessions()
+        sid = f"s{next(self._stream_ids)}"
+        handle = StreamHandle(list(prompt_token_ids))
+        self._streams[sid] = handle
+        reply = await self._command("open_session", stream=sid, prompt=list(prompt_token_ids),
+                                    max_tokens=max_tokens,
+                                    data_parallel_rank=data_parallel_rank)
+        handle.request_id = reply.get("request_id")
+        return handle
+
+    async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
+                               max_tokens: int) -> None:
+        self._require_sessions()
+        await self._command("continue_session", stream=self._stream_of(handle),
+                            prompt=list(prompt_token_ids), max_tokens=max_tokens)
+
+    async def close_session(self, handle: StreamHandle) -> None:
+        self._require_sessions()
+        await self._command("close_session", stream=self._stream_of(handle))
+
+    def _require_sessions(self) -> None:
+        if Capability.STREAMING_INPUT not in self.capabilities:
+            raise UnsupportedOperation(f"{self.name}: the driver program does not declare "
+                                       f"streaming_input")
+
+    def _stream_of(self, handle: StreamHandle) -> str:
+        for sid, known in self._streams.items():
+            if known is handle:
+                return sid
+        raise FrontendError(f"{self.name}: the handle is not one of this driver's streams")
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
         by_handle = {id(h): sid for sid, h in self._streams.items()}

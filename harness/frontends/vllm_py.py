@@ -60,6 +60,7 @@ from harness.frontends import vllm_py_handshake as handshake
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
     PASS_THROUGH_FIELDS,
+    TENSOR_FIELDS,
     Capability,
     FrontendDriver,
     FrontendError,
@@ -69,6 +70,7 @@ from harness.frontends.driver import (
     UnsupportedOperation,
     check_generate_options,
 )
+from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
 from harness.frontends.vllm_py_utilities import async_llm_call, normalise
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
@@ -198,6 +200,7 @@ class VllmPyDriver(FrontendDriver):
         self._listeners: list[socket.socket] = []
         self._handshake: handshake.HandshakeStartup | None = None
         self._streams: dict[int, tuple[StreamHandle, asyncio.Task[None]]] = {}
+        self._feeds: dict[int, SessionFeed] = {}  # streaming-input sessions by handle
         self._ids = itertools.count()
         self._log = _LogTail()
         self._log_attached = False
@@ -391,11 +394,12 @@ class VllmPyDriver(FrontendDriver):
         llm = self._require()
         vllm = _load_vllm()
         check_generate_options(self.name, request_id, params, request_ids=True,
-                               pass_through=PASS_THROUGH_FIELDS)
+                               pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
         handle = StreamHandle(list(prompt_token_ids))
         handle.request_id = f"cw-{next(self._ids)}" if request_id is None else request_id
         kind = vllm.output_kind.DELTA if stream else vllm.output_kind.FINAL_ONLY
-        extra = {k: v for k, v in (params or {}).items() if k != "cache_salt"}
+        extra = {k: v for k, v in (params or {}).items()
+                 if k not in ("cache_salt", *TENSOR_FIELDS)}
         prompt_fields: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
         if params and "cache_salt" in params:
             prompt_fields["cache_salt"] = params["cache_salt"]
@@ -405,6 +409,10 @@ class VllmPyDriver(FrontendDriver):
                                             output_kind=kind, extra_args=extra or None)
             # The token-in path of vLLM's servers: render a TokensPrompt, pass the EngineInput.
             (engine_input,) = llm.renderer.render_cmpl([vllm.tokens_prompt(**prompt_fields)])
+            if params and "prompt_embeds" in params:
+                engine_input = await embeds_request(llm, engine_input, sampling,
+                                                    handle.request_id, params["prompt_embeds"],
+                                                    data_parallel_rank)
         except Exception as exc:
             raise FrontendError(f"request rejected before submission: {_describe(exc)}"
                                 ) from exc
@@ -434,6 +442,38 @@ class VllmPyDriver(FrontendDriver):
             handle.finish("error", _describe(exc))
         else:
             handle.finish("error", "AsyncLLM.generate() ended without a finished output")
+
+    async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                           data_parallel_rank: int | None = None) -> StreamHandle:
+        llm = self._require()
+        vllm = _load_vllm()
+        handle = StreamHandle(list(prompt_token_ids), request_id=f"cw-{next(self._ids)}")
+        feed = SessionFeed()
+        feed.push(prompt_token_ids)
+        sampling = vllm.sampling_params(max_tokens=max_tokens, temperature=0.0,
+                                        output_kind=vllm.output_kind.DELTA)
+        task = asyncio.create_task(consume_session(llm, handle, feed, sampling,
+                                                   data_parallel_rank),
+                                   name=f"vllm-py-session-{handle.request_id}")
+        self._streams[id(handle)] = (handle, task)
+        self._feeds[id(handle)] = feed
+        await asyncio.sleep(0)
+        return handle
+
+    def _feed(self, handle: StreamHandle) -> SessionFeed:
+        feed = self._feeds.get(id(handle))
+        if feed is None:
+            raise FrontendError("not a session opened by this driver")
+        return feed
+
+    async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
+                               max_tokens: int) -> None:
+        self._feed(handle).push(prompt_token_ids)  # the session's sampling params apply
+        await asyncio.sleep(0)
+
+    async def close_session(self, handle: StreamHandle) -> None:
+        self._feed(handle).close()
+        await asyncio.sleep(0)
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
         cancelled: list[asyncio.Task[None]] = []

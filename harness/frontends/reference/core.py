@@ -14,7 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.frontends.driver import FrontendError, ObservedConfig, StartupError, StreamHandle
+from harness.frontends.driver import (
+    FrontendError,
+    ObservedConfig,
+    StartupError,
+    StreamHandle,
+    prompt_embeds_bytes,
+)
+from harness.frontends.reference.sessions import SessionRules, SessionState
 from harness.frontends.reference.utilities import (
     DEFAULT_AGGREGATION,
     UTILITY_AGGREGATION,
@@ -64,6 +71,7 @@ class RequestState:
     # With stop strings: text of delivered tokens withheld until it can no longer be the
     # start of a stop string (vLLM's stop buffer), so no client ever sees a stop string.
     held_text: str = ""
+    session: SessionState | None = None  # a streaming-input (resumable) request
 
 
 @dataclass
@@ -84,7 +92,7 @@ class PendingUtility:
         return sorted(r for r in self.call_ids.values() if r not in answered)
 
 
-class ReferenceFrontendCore:
+class ReferenceFrontendCore(SessionRules):
     """Frontend role for one client (client_index) over N engines (DP ranks)."""
 
     def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
@@ -215,22 +223,34 @@ class ReferenceFrontendCore:
                     stop: Sequence[str] | None = None, request_id: str | None = None,
                     params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
         """Register a request and return its handle and the ADD to send."""
+        return self.register_request(prompt, max_tokens,
+                                     data_parallel_rank=data_parallel_rank, stop=stop,
+                                     request_id=request_id, params=params)
+
+    def register_request(self, prompt: Sequence[int], max_tokens: int, *,
+                         data_parallel_rank: int | None = None,
+                         stop: Sequence[str] | None = None, request_id: str | None = None,
+                         params: Mapping[str, Any] | None = None, resumable: bool = False
+                         ) -> tuple[StreamHandle, Send]:
+        """add_request's work; `resumable` opens a streaming-input session (sessions.py)."""
         self._check_alive()
         if not self.registered:
             raise FrontendError("frontend is not serving yet")
         rid = self.assign_request_id(request_id)
         extra_args, cache_salt = self.pass_through(params)
+        embeds = self.input_tensor(params)
         rank = self.route(data_parallel_rank)
         handle = StreamHandle(list(prompt), request_id=rid)
-        self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()))
+        self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()),
+                                          session=SessionState() if resumable else None)
         self.engines[rank].inflight += 1
         sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                   _eos_token_id=EOS_TOKEN_ID,
                                   _all_stop_token_ids={EOS_TOKEN_ID}, extra_args=extra_args)
         request = m.EngineCoreRequest(
             rid, list(prompt), None, sampling, None, time.time(), None, cache_salt,
-            data_parallel_rank, client_index=self.client_index,
-            current_wave=self.current_wave, external_req_id=rid)
+            data_parallel_rank, prompt_embeds=embeds, client_index=self.client_index,
+            current_wave=self.current_wave, resumable=resumable, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
 
     def assign_request_id(self, request_id: str | None) -> str:
@@ -247,7 +267,20 @@ class ReferenceFrontendCore:
         """(SamplingParams.extra_args, cache_salt) carrying the client's fields unchanged."""
         fields = dict(params or {})
         cache_salt = fields.pop("cache_salt", None)
+        fields.pop("prompt_embeds", None)  # a tensor field of its own (input_tensor)
         return (fields or None), cache_salt
+
+    def input_tensor(self, params: Mapping[str, Any] | None) -> m.WireArray | None:
+        """generate(params={"prompt_embeds": rows}) as a float32 tensor (torch dtype name,
+        as vLLM's encoder writes it); the codec moves a large one into an aux frame."""
+        rows = (params or {}).get("prompt_embeds")
+        if rows is None:
+            return None
+        try:
+            shape, data = prompt_embeds_bytes(rows)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise FrontendError(f"prompt_embeds rejected: {exc}") from exc
+        return m.WireArray("float32", shape, data)
 
     def route(self, data_parallel_rank: int | None) -> int:
         """An explicit rank is honoured (and validated); otherwise the least-loaded engine."""
@@ -339,6 +372,8 @@ class ReferenceFrontendCore:
         elif output.new_token_ids:
             handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
         if output.finish_reason is not None:
+            if state.session is not None and self.segment_continues(state, output):
+                return  # a segment boundary: the session's stream goes on
             if output.finish_reason is m.FinishReason.ERROR:
                 detail = output.error.message if output.error else "request failed in engine"
                 self._finish(output.request_id, "error", detail)
@@ -350,7 +385,7 @@ class ReferenceFrontendCore:
         ends with an error instead of waiting forever (vllm-rs: RequestStreamClosed)."""
         for rid in request_ids:
             self.stop_aborts.pop(rid, None)  # retired by the engine: no ABORT owed
-            if rid in self.requests:
+            if self.retired_by_engine(rid):
                 self._finish(rid, "error", f"engine retired request {rid} without a "
                                            "final output")
 
@@ -415,7 +450,8 @@ class ReferenceFrontendCore:
                 if owner is not None:
                     per_engine.setdefault(owner, []).append(rid)
                 continue  # finished, aborted or unknown: skipped
-            per_engine.setdefault(state.rank, []).append(rid)
+            for rank in self.abort_ranks(state):
+                per_engine.setdefault(rank, []).append(rid)
             self._finish(rid, state.handle.finish_reason or "abort")
         return self.abort_frames(per_engine)
 
@@ -427,7 +463,8 @@ class ReferenceFrontendCore:
             state = self.requests.get(rid)
             if state is None:
                 continue
-            per_engine.setdefault(state.rank, []).append(rid)
+            for rank in self.abort_ranks(state):
+                per_engine.setdefault(rank, []).append(rid)
             self._finish(rid, "abort")
         return self.abort_frames(per_engine)
 

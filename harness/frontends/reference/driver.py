@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
     PASS_THROUGH_FIELDS,
+    TENSOR_FIELDS,
     Capability,
     FrontendDriver,
+    FrontendError,
     ObservedConfig,
     StreamHandle,
     check_generate_options,
@@ -64,10 +66,22 @@ class ReferenceDriver(FrontendDriver):
                        stop: Sequence[str] | None = None, request_id: str | None = None,
                        params: Mapping[str, Any] | None = None) -> StreamHandle:
         check_generate_options(self.name, request_id, params, request_ids=True,
-                               pass_through=PASS_THROUGH_FIELDS)
+                               pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
         return await self._fe().generate(prompt_token_ids, max_tokens,
                                          data_parallel_rank=data_parallel_rank, stop=stop,
                                          request_id=request_id, params=params)
+
+    async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
+                           data_parallel_rank: int | None = None) -> StreamHandle:
+        return await self._fe().open_session(prompt_token_ids, max_tokens,
+                                             data_parallel_rank=data_parallel_rank)
+
+    async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
+                               max_tokens: int) -> None:
+        await self._fe().continue_session(_session_id(handle), prompt_token_ids, max_tokens)
+
+    async def close_session(self, handle: StreamHandle) -> None:
+        await self._fe().close_session(_session_id(handle))
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
         self._fe().drop([h.request_id for h in handles if h.request_id is not None])
@@ -95,3 +109,9 @@ class ReferenceDriver(FrontendDriver):
         if self._ipc is not None:
             self._ipc.cleanup()
             self._ipc = None
+
+
+def _session_id(handle: StreamHandle) -> str:
+    if handle.request_id is None:
+        raise FrontendError("the handle names no request: it is not a session's handle")
+    return handle.request_id

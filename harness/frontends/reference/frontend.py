@@ -142,6 +142,20 @@ class ReferenceFrontend:
                 self.first_output_deadline, self._deadline_passed, handle)
         return handle
 
+    async def open_session(self, prompt: Sequence[int], max_tokens: int, *,
+                           data_parallel_rank: int | None = None) -> StreamHandle:
+        handle, send = self.core.open_session(prompt, max_tokens,
+                                              data_parallel_rank=data_parallel_rank)
+        await self._send([send])
+        return handle
+
+    async def continue_session(self, request_id: str, prompt: Sequence[int],
+                               max_tokens: int) -> None:
+        await self._send(self.core.continue_session(request_id, prompt, max_tokens))
+
+    async def close_session(self, request_id: str) -> None:
+        await self._send(self.core.close_session(request_id))
+
     def _deadline_passed(self, handle: StreamHandle) -> None:
         if not handle.first_output.is_set() and handle.request_id is not None:
             self.core.abort([handle.request_id])

@@ -1,0 +1,53 @@
+"""Aborts of streaming-input sessions reach every engine.
+
+A continuation in flight when a session ends may re-create it on any engine, so vLLM's
+Python client aborts a session's id at every engine (core_client.py:1887-1895), whether
+the session is mid-segment or between segments. vllm-rs 0.33.0 has no streaming-input
+surface over HTTP: UNSUPPORTED there.
+"""
+
+from __future__ import annotations
+
+from harness.case_context import CaseContext
+from harness.frontends.driver import Capability
+from harness.sessionkit import ABORT_SOURCE, finish_segment, open_first_segment, scripts
+from harness.verdicts import Level, case
+
+NEEDS = [Capability.STREAMING_INPUT, Capability.DROP]
+
+
+def _make_drop(phase: str, engines: int) -> None:
+    @case(f"abort.resumable.drop_{phase}_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), dropping a streaming-input session "
+          f"{phase.replace('_', ' ')} aborts its id at every engine, exactly once each.",
+          source=ABORT_SOURCE, needs=NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        held = (0,) if phase == "mid_segment" else ()
+        group = await ctx.start(scripts(engines, 1, 1, held=held))
+        handle, rid = await open_first_segment(ctx, group)
+        if phase == "mid_segment":
+            await ctx.wait_until(lambda: len(handle.tokens) >= 2, 3)
+        else:
+            await finish_segment(ctx, group, handle, rid, 1, 2)
+            await ctx.quiet(0.1)
+        ctx.require(not handle.ended, expected="the session's stream open before the drop",
+                    observed=f"ended {handle.finish_reason!r} ({handle.error})")
+        await ctx.driver.drop([handle])
+        ranks = [e.rank for e in group.engines]
+
+        def counts() -> dict[int, int]:
+            return {r: group.transcript.aborted_ids(r).count(rid) for r in ranks}
+
+        await ctx.wait_until(lambda: all(counts().values()), 3)
+        await ctx.quiet(0.2)
+        ctx.require(all(n == 1 for n in counts().values()),
+                    expected=f"one ABORT naming {rid} at each engine {ranks}",
+                    observed=f"ABORTs naming it per engine: {counts()}")
+
+    run.__name__ = run.__qualname__ = f"drop_{phase}_{engines}"
+    globals()[run.__name__] = run
+
+
+for _phase in ("mid_segment", "between_segments"):
+    for _n in (1, 2, 3, 4):
+        _make_drop(_phase, _n)

@@ -1,0 +1,91 @@
+"""Tensors on the way in: a large one travels as an aux frame, a small one inline.
+
+vLLM's msgpack encoder moves a tensor of at least VLLM_MSGPACK_ZERO_COPY_THRESHOLD (256)
+bytes out of the payload into a trailing frame and writes its frame index where the data
+would be; a smaller one stays inline as ext(3) raw bytes (serial_utils.py, the encoder's
+aux buffers; vllm-rs client_sends_large_multimodal_tensor_as_aux_frame). The surface that
+carries a tensor onto an ADD without a multimodal model is EngineCoreRequest.prompt_embeds
+(field 9): AsyncLLM.generate() accepts a prebuilt EngineCoreRequest. vllm-rs 0.33.0 has no
+such surface over HTTP with a text-only model: UNSUPPORTED there.
+"""
+
+from __future__ import annotations
+
+import array
+
+import msgspec
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from harness.wire.codec import AddRequest
+from mock_engines.script import EngineScript, by_prompt, stream
+
+SOURCE = ("vllm 0.33.0 v1/serial_utils.py (MsgpackEncoder aux buffers, "
+          "VLLM_MSGPACK_ZERO_COPY_THRESHOLD=256); rust-client.md §2.4; vllm-rs "
+          "client_sends_large_multimodal_tensor_as_aux_frame")
+NEEDS = [Capability.GENERATE, Capability.INPUT_TENSORS]
+EMBEDS_FIELD = 9  # EngineCoreRequest.prompt_embeds in the 22-element ADD array
+
+
+def _rows(count: int, width: int) -> list[list[float]]:
+    """Values exact in float32, distinct per position."""
+    return [[r + c / 64 for c in range(width)] for r in range(count)]
+
+
+def _make(width: int) -> None:
+    p = prompt(7)
+    rows = _rows(len(p), width)
+    data = array.array("f", [v for row in rows for v in row]).tobytes()
+    large = len(data) >= 256
+    form = "aux_frame" if large else "inline"
+
+    @case(f"streaming.inputs.prompt_embeds_{form}", Level.MUST,
+          f"A {len(p)}x{width} float32 prompt_embeds tensor ({len(data)} bytes) goes out "
+          + ("as an aux frame: a 3-frame ADD whose tensor data is aux index 1 and whose "
+             "frame 2 is the raw native-endian bytes" if large else
+             "inline: a 2-frame ADD whose tensor data is ext(3) raw native-endian bytes")
+          + "; it decodes to the same values and the request is served.",
+          source=SOURCE, needs=NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
+        handle = await ctx.driver.generate(p, 2, params={"prompt_embeds": rows})
+        await ctx.wait_until(lambda: handle.ended, 3)
+        records = [r for r in group.transcript.select(direction="in", kind=AddRequest)
+                   if r.message.request.prompt_token_ids == p]
+        ctx.require(len(records) == 1, expected="one ADD with the prompt",
+                    observed=f"{len(records)}")
+        frames = records[0].frames
+        main = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
+        field = main[EMBEDS_FIELD] if isinstance(main, list) and len(main) > 9 else None
+        shape = f"{len(frames)} frames, prompt_embeds on the wire = {field!r:.120}"
+        want_frames = 3 if large else 2
+        ctx.require(len(frames) == want_frames,
+                    expected=f"[type, payload{', aux' if large else ''}] "
+                             f"({want_frames} frames)", observed=shape)
+        ok_ref = (isinstance(field, list) and len(field) == 3 and field[0] == "float32"
+                  and field[1] == [len(p), width])
+        if large:
+            ok_ref = ok_ref and field[2] == 1 and frames[2] == data  # type: ignore[index]
+        else:
+            ok_ref = ok_ref and isinstance(field[2], msgspec.msgpack.Ext) \
+                and field[2].code == 3 and field[2].data == data  # type: ignore[index]
+        ctx.require(ok_ref, expected=f"[\"float32\", [{len(p)}, {width}], "
+                    + ("1] with frame 2 = the raw bytes" if large else "ext(3, raw bytes)]"),
+                    observed=shape)
+        decoded = records[0].message.request.prompt_embeds
+        ctx.require(decoded is not None and decoded.data == data,
+                    expected="the tensor decodes to the values sent",
+                    observed=f"{decoded!r}")
+        ctx.require(handle.finish_reason == "length" and handle.tokens == [100, 101],
+                    expected="the request served: 'length' with [100, 101]",
+                    observed=f"finish={handle.finish_reason} error={handle.error} "
+                             f"tokens={handle.tokens}")
+
+    run.__name__ = run.__qualname__ = f"prompt_embeds_{form}"
+    globals()[run.__name__] = run
+
+
+for _width in (32, 8):  # 3 x 32 x 4 = 384 bytes (aux frame); 3 x 8 x 4 = 96 (inline)
+    _make(_width)
