@@ -64,9 +64,11 @@ coverage: $(CORE_STAMP)
 # The full kill matrix: every case x every hand-written mutant (harness/frontends/mutants.py),
 # recorded in fixtures/kill-matrix.json (commit it) and reports/kill-matrix.md. make test
 # re-verifies only a proof drawn from the record (tests/test_mutants.py).
+# `make mutants KILL_MATRIX_ARGS=--incremental` runs only the pairs with a new mutant or case.
 MUTANT_WORKERS ?= 10
+KILL_MATRIX_ARGS ?=
 mutants: $(CORE_STAMP)
-	$(BIN)/python scripts/kill_matrix.py --workers $(MUTANT_WORKERS)
+	$(BIN)/python scripts/kill_matrix.py --workers $(MUTANT_WORKERS) $(KILL_MATRIX_ARGS)
 
 # mutmut over the reference frontend, killed by the conformance suite: docs/mutation.md
 # (score, every survivor judged in fixtures/mutation/equivalent.json) and the sample of

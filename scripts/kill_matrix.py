@@ -50,23 +50,54 @@ def stabilise(km: KillMatrix, workers: int) -> list[str]:
     return dropped
 
 
+def extend_record(known: KillMatrix, workers: int) -> KillMatrix:
+    """The record brought up to today's mutants and cases without the full matrix: only
+    the pairs with something new run; pairs of removed mutants or cases are dropped."""
+    files = discover_cases(ROOT)
+    new_cases = sorted(c for c in files if c not in set(known.cases))
+    new_mutants = sorted(m for m in MUTANTS if m not in known.kills)
+    node_ids = [node_id(files[c], c, m) for m in new_mutants for c in sorted(files)]
+    node_ids += [node_id(files[c], c, m) for m in sorted(MUTANTS) if m not in new_mutants
+                 for c in new_cases]
+    results = []
+    if node_ids:
+        with tempfile.TemporaryDirectory(prefix="corewire-mutants-") as tmp:
+            results = run_against_mutants(ROOT, sorted(MUTANTS), Path(tmp), workers=workers,
+                                          node_ids=node_ids, timeout=3600)
+    fresh = KillMatrix.from_results(results, list(MUTANTS))
+    kills = {m: {c: k for c, k in known.kills.get(m, {}).items() if c in files}
+             for m in MUTANTS}
+    for m, killed in fresh.kills.items():
+        kills.setdefault(m, {}).update(killed)
+    print(f"incremental: {len(new_mutants)} new mutants, {len(new_cases)} new cases, "
+          f"{len(node_ids)} pairs run", file=sys.stderr)
+    return KillMatrix(kills, sorted(files))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=10,
                         help="xdist workers (the cases mostly wait on sockets and timers)")
     parser.add_argument("--record", type=Path, default=ROOT / "fixtures" / "kill-matrix.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "reports" / "kill-matrix.md")
+    parser.add_argument("--incremental", action="store_true",
+                        help="keep the record's pairs and run only the pairs that involve a "
+                             "mutant or case the record does not know (new mutant x every "
+                             "case, known mutant x new case); drops what no longer exists")
     args = parser.parse_args()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="corewire-mutants-") as tmp:
-        results = run_against_mutants(ROOT, list(MUTANTS), Path(tmp), workers=args.workers,
-                                      timeout=3600)
-    graded = {r.frontend for r in results}
-    missing = sorted(m for m in MUTANTS if f"mutant:{m}" not in graded)
-    if missing:
-        print(f"no results for mutants {missing}", file=sys.stderr)
-        return 1
-    km = KillMatrix.from_results(results, list(MUTANTS))
+    if args.incremental:
+        km = extend_record(KillMatrix.load(args.record), args.workers)
+    else:
+        with tempfile.TemporaryDirectory(prefix="corewire-mutants-") as tmp:
+            results = run_against_mutants(ROOT, list(MUTANTS), Path(tmp),
+                                          workers=args.workers, timeout=3600)
+        graded = {r.frontend for r in results}
+        missing = sorted(m for m in MUTANTS if f"mutant:{m}" not in graded)
+        if missing:
+            print(f"no results for mutants {missing}", file=sys.stderr)
+            return 1
+        km = KillMatrix.from_results(results, list(MUTANTS))
     for pair in stabilise(km, min(args.workers, 4)):
         print(f"dropped a kill pair that did not repeat: {pair}", file=sys.stderr)
     rules = {m: mu.rule for m, mu in MUTANTS.items()}

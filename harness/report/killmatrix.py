@@ -29,7 +29,8 @@ RECORD_FORMAT = 1
 # Deterministic verdicts first: a TIMEOUT costs its whole window, an ERROR may be a fault.
 _VERDICT_RANK = {Verdict.FAIL.value: 0, Verdict.NON_STRICT.value: 1,
                  Verdict.ERROR.value: 2, Verdict.TIMEOUT.value: 3}
-RERUN_HINT = "run `make mutants` to re-record fixtures/kill-matrix.json"
+RERUN_HINT = ("run `make mutants` to re-record fixtures/kill-matrix.json (`make mutants "
+              "KILL_MATRIX_ARGS=--incremental` for new mutants or cases only)")
 
 
 class KillRecordError(Exception):
