@@ -51,7 +51,8 @@ test: $(VLLM_STAMP) chromium
 
 # Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
 compliance: $(VLLM_STAMP)
-	-$(BIN)/corewire run --frontend reference --frontend vllm-rs --frontend vllm-py \
+	-$(BIN)/corewire run --frontend reference --frontend reference-subprocess \
+	  --frontend vllm-rs --frontend vllm-py \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/compliance
 	$(BIN)/corewire compliance reports/compliance/results.json \
 	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md
