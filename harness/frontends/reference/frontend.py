@@ -157,9 +157,13 @@ class ReferenceFrontend:
         await self._send(self.core.close_session(request_id))
 
     def _deadline_passed(self, handle: StreamHandle) -> None:
+        """A request without output by the deadline is aborted at its engine (the frames
+        the core returns are sent, not dropped) and its stream ends with an error."""
         if not handle.first_output.is_set() and handle.request_id is not None:
-            self.core.abort([handle.request_id])
             handle.finish("error", "no output within the first-output deadline")
+            sends = self.core.abort([handle.request_id])  # the stream already ended: error
+            if sends:
+                self._tasks.append(asyncio.create_task(self._send(sends)))
 
     def drop(self, request_ids: Sequence[str]) -> None:
         self.core.queue_drop(request_ids)
