@@ -63,6 +63,7 @@ def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
     ("hang_on:is_sleeping", Verdict.TIMEOUT, "injected hang on is_sleeping"),
     ("garbage_on:reset_prefix_cache", Verdict.ERROR, "broke the protocol"),
     ("stray_text_on:generate", Verdict.ERROR, "broke the protocol"),
+    ("huge_line_on:generate", Verdict.ERROR, "a stdout line over 1 MiB"),
 ])
 def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict,
                                                  evidence: str) -> None:

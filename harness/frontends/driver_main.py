@@ -5,9 +5,10 @@ the template for ports: read commands from stdin, answer on stdout, log to stder
 
 COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
 `exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
-`old_protocol` (a first-release program: none of the later capabilities, and a plain
-"unknown command" error for later commands), `plain_unknown:CMD` (every capability
-declared, but CMD answered with a plain "unknown command" error).
+`huge_line_on:CMD` (a 2 MiB line), `old_protocol` (a first-release program: none of the
+later capabilities, and a plain "unknown command" error for later commands),
+`plain_unknown:CMD` (every capability declared, but CMD answered with a plain "unknown
+command" error).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class DriverProgram:
             return True
         if kind == "garbage_on":
             sys.stdout.buffer.write(b"\x00\xffnot json at all\n")
+            sys.stdout.buffer.flush()
+            return True
+        if kind == "huge_line_on":  # a 2 MiB protocol line: over the 1 MiB limit
+            sys.stdout.buffer.write(b'{"pad": "' + b"x" * (2 << 20) + b'"}\n')
             sys.stdout.buffer.flush()
             return True
         if kind == "stray_text_on":

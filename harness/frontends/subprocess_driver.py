@@ -42,6 +42,7 @@ from harness.timing import scaled
 if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
 
+STDERR_TAIL_BYTES = 64 * 1024
 STDERR_TAIL_LINES = 40
 # Commands added after the first protocol release: an older driver program that answers
 # them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.
@@ -94,8 +95,9 @@ class SubprocessDriver(FrontendDriver):
             while True:
                 try:
                     line = await self._proc.stdout.readline()
-                except ValueError as exc:  # line over the limit
-                    raise DriverProtocolError(str(exc)) from None
+                except ValueError:  # asyncio: "Separator is not found, and chunk exceed..."
+                    raise DriverProtocolError(f"a stdout line over {MAX_LINE // 2**20} MiB, "
+                                              f"the protocol's limit") from None
                 if not line:
                     code = await self._wait_exit(scaled(2.0))
                     raise DriverFault(f"driver exited (code {code}) "
@@ -342,6 +344,7 @@ class SubprocessDriver(FrontendDriver):
     def diagnostics(self) -> str:
         if not self._stderr_path or not os.path.exists(self._stderr_path):
             return self._tail_cache
-        with open(self._stderr_path, "rb") as fh:
+        with open(self._stderr_path, "rb") as fh:  # only the tail: a driver may flood it
+            fh.seek(max(0, os.path.getsize(self._stderr_path) - STDERR_TAIL_BYTES))
             lines = fh.read().decode(errors="replace").splitlines()
         return "\n".join(lines[-STDERR_TAIL_LINES:])
