@@ -7,7 +7,8 @@
 
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
-4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict.
+4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
+every command exits 4 with one line (no traceback) on unreadable or malformed input.
 """
 
 from __future__ import annotations
@@ -20,10 +21,22 @@ from pathlib import Path
 CONFORMANCE_DIR = Path(__file__).resolve().parent.parent / "conformance"
 
 
+USAGE_ERROR = 4  # pytest's code for a usage error; `run` passes pytest's codes through
+
+
+class UsageError(Exception):
+    """A command the user can fix: printed as one line, exit 4, never a traceback."""
+
+
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
     import subprocess
 
-    os.makedirs(args.report_dir, exist_ok=True)
+    try:
+        os.makedirs(args.report_dir, exist_ok=True)
+        if not os.access(args.report_dir, os.W_OK):
+            raise PermissionError(f"cannot write to {args.report_dir}")
+    except OSError as exc:
+        raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
     argv = [str(CONFORMANCE_DIR), "-p", "no:cacheprovider", "-q",
             "--report-dir", args.report_dir,
             f"--junitxml={os.path.join(args.report_dir, 'junit.xml')}",
@@ -105,28 +118,35 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-k", help="pytest -k expression, e.g. abort")
     run.add_argument("-m", help="pytest -m expression, e.g. 'dp and must'")
     run.add_argument("-n", default="2", help="pytest-xdist workers (0: none)")
-    run.add_argument("--report-dir", default="reports")
-    run.add_argument("--baseline")
-    run.add_argument("--update-baseline", action="store_true")
-    run.add_argument("--timescale", type=float)
+    run.add_argument("--report-dir", default="reports",
+                     help="where junit.xml, results.json, report.html and transcripts go")
+    run.add_argument("--baseline", help="JSON file of tolerated non-PASS verdicts")
+    run.add_argument("--update-baseline", action="store_true",
+                     help="rewrite --baseline from this run (refused for a filtered run)")
+    run.add_argument("--timescale", type=float,
+                     help="multiply every timing window by this factor (slow machines)")
     diff = sub.add_parser("diff", help="verdict transitions between two results.json")
-    diff.add_argument("old")
-    diff.add_argument("new")
+    diff.add_argument("old", help="results.json of the earlier run")
+    diff.add_argument("new", help="results.json of the later run")
     rep = sub.add_parser("report", help="re-render the HTML report from results.json")
-    rep.add_argument("results")
-    rep.add_argument("--out")
+    rep.add_argument("results", help="a results.json")
+    rep.add_argument("--out", help="the HTML file (default: report.html beside results)")
     comp = sub.add_parser("compliance", help="render docs/compliance.md from results.json")
-    comp.add_argument("results")
-    comp.add_argument("--baseline")
-    comp.add_argument("--out")
+    comp.add_argument("results", help="results.json of a run with every frontend")
+    comp.add_argument("--baseline", help="the baseline whose reasons explain divergences")
+    comp.add_argument("--out", help="the markdown file (default: stdout)")
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return _run(args, extra)
-    if args.command == "diff":
-        return _diff(args)
-    if args.command == "compliance":
-        return _compliance(args)
-    return _report(args)
+    commands = {"run": lambda: _run(args, extra), "diff": lambda: _diff(args),
+                "compliance": lambda: _compliance(args), "report": lambda: _report(args)}
+    try:
+        return commands[args.command]()
+    except UsageError as exc:
+        print(f"corewire {args.command}: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable or malformed input
+        what = f"{type(exc).__name__}: {exc}"
+        print(f"corewire {args.command}: cannot read its input ({what})", file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

@@ -73,3 +73,31 @@ def test_slash_in_subprocess_command_keeps_every_verdict(tmp_path: Path) -> None
     for r in records:
         if r["verdict"] != "PASS" and r["evidence"]["transcript_file"]:
             assert Path(r["evidence"]["transcript_file"]).exists()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("content", ["not json at all", '{"results": [{"id": 1}]}', "[]"])
+def test_diff_of_a_malformed_file_is_one_line(tmp_path: Path, content: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    proc = run_cli("diff", str(bad), str(bad))
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("corewire diff: cannot read its input")
+    assert "Traceback" not in proc.stderr
+
+
+def test_diff_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    proc = run_cli("diff", str(tmp_path / "nope.json"), str(tmp_path / "nope.json"))
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_unwritable_report_dir_is_a_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_cli("run", "--report-dir", str(blocker / "reports"), "-k", "abort.drop.single")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("corewire run: --report-dir") and "Traceback" not in proc.stderr
