@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.frontends.driver import FrontendError, ObservedConfig, StartupError, StreamHandle
+from harness.frontends.reference.coordinator import CoordinatorCore
 from harness.frontends.reference.utilities import (
     DEFAULT_AGGREGATION,
     UTILITY_AGGREGATION,
@@ -87,6 +88,9 @@ class PendingUtility:
 class ReferenceFrontendCore:
     """Frontend role for one client (client_index) over N engines (DP ranks)."""
 
+    # The state machine of the DP coordinator the frontend owns in handshake mode.
+    coordinator_class: type[CoordinatorCore] = CoordinatorCore
+
     def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
                  client_index: int = 0) -> None:
         if not ranks:
@@ -107,6 +111,8 @@ class ReferenceFrontendCore:
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
         self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
         self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
+        # Handshake mode with an owned DP coordinator: its (input, output) addresses for INIT.
+        self.coordinator_addresses: tuple[str, str] | None = None
         self.hello_seen: set[int] = set()  # handshake mode: ranks that sent HELLO
         self.handshake_ready_seen: set[int] = set()  # ... and READY
 
@@ -186,6 +192,9 @@ class ReferenceFrontendCore:
 
     def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
         addresses = m.EngineZmqAddresses(list(inputs), list(outputs))
+        if self.coordinator_addresses is not None:  # utils.py:1272-1274
+            addresses.coordinator_input, addresses.coordinator_output = \
+                self.coordinator_addresses
         return self.codec.encode_init(m.EngineHandshakeMetadata(addresses, {}))
 
     @property
