@@ -196,8 +196,9 @@ class EngineRunner:
         assert self._hs is not None and isinstance(self.connection, Handshake)
         if not self.core.script.handshake_ready:
             return
-        ready = self.core.codec.encode_handshake_ready(self.connection.local,
-                                                       self.connection.headless)
+        ready = self.core.codec.encode_handshake_ready(
+            self.connection.local, self.connection.headless,
+            parallel_config_hash=self.core.script.parallel_config_hash)
         self._hs.send(ready)
         self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out",
                                            "handshake", (ready,), None, None, "READY"))
