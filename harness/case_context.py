@@ -67,14 +67,19 @@ class CaseContext:
 
     async def start(self, scripts: Sequence[EngineScript] | int = 1, *,
                     startup_timeout: float = 10.0, rank_offset: int = 0,
-                    handshake: bool = False) -> EngineGroup:
-        """Start the engines behind the frontend under test and wait until it serves."""
+                    handshake: bool = False, coordinated: bool = False) -> EngineGroup:
+        """Start the engines behind the frontend under test and wait until it serves.
+
+        `coordinated` (implies `handshake`): the frontend owns the DP coordinator and names
+        it in INIT, so no mock coordinator is started."""
         scripts = [EngineScript() for _ in range(scripts)] if isinstance(scripts, int) \
             else list(scripts)
-        coordinator = self._ipc.address("dp-stats") if len(scripts) > 1 else None
+        coordinator = (self._ipc.address("dp-stats") if len(scripts) > 1 and not coordinated
+                       else None)
         self.group = EngineGroup(scripts, coordinator_address=coordinator,
                                  rank_offset=rank_offset)
-        self.group.handshake = handshake
+        self.group.handshake = handshake or coordinated
+        self.group.coordinated = coordinated
         await self.driver.start(self.group, self.t(startup_timeout))
         self.needs(*self.spec.needs)  # drivers may learn their capabilities at start
         return self.group

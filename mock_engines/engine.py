@@ -327,6 +327,10 @@ class MockEngineCore:
             return None
         return self._full_stats()
 
+    def full_stats(self) -> dict[str, Any]:
+        """One SchedulerStats map (the next step counter), e.g. for the coordinator path."""
+        return self._full_stats()
+
     def _full_stats(self) -> dict[str, Any]:
         self._step_counter += 1
         return {

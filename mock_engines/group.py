@@ -59,6 +59,29 @@ class MockEngine:
         """Send one hand-built engine message (recorded as an output)."""
         self._runner().send_outputs(outputs, client_index)
 
+    # The coordinator path (handshake mode, a frontend-owned coordinator named in INIT).
+    def send_coordinator(self, outputs: m.EngineCoreOutputs) -> None:
+        """One engine -> coordinator message, as vLLM's output thread sends client -1."""
+        self._runner().send_coordinator(outputs)
+
+    def start_wave(self, wave: int) -> None:
+        """"I started wave `wave`" (an idle engine got a request, core.py:2374-2385)."""
+        self.send_coordinator(m.EngineCoreOutputs(start_wave=wave))
+
+    def wave_complete(self, wave: int) -> None:
+        """"Wave `wave` finished, engines paused" (rank 0 after the all-reduce, :2519-2533)."""
+        self.send_coordinator(m.EngineCoreOutputs(wave_complete=wave))
+
+    def coordinator_stats(self, waiting: int, running: int, wave: int = 0) -> None:
+        """A stats-only message (load for the coordinator; no wave control)."""
+        runner = self._runner()
+
+        def send() -> None:
+            stats = {**self.core.full_stats(), "num_waiting_reqs": waiting,
+                     "num_running_reqs": running, "current_wave": wave}
+            runner.coordinator.send(m.EngineCoreOutputs(scheduler_stats=stats))
+        runner.call(send)
+
     def stop_reading(self) -> None:
         self._runner().stop_reading()
 
@@ -174,6 +197,9 @@ class EngineGroup:
         # Set by cases that need the frontend to own HELLO / INIT / READY (start_handshake);
         # a driver that cannot must refuse to start (UnsupportedOperation), never fall back.
         self.handshake = False
+        # Set (with handshake) by cases that need the frontend to own a wave-coordinating DP
+        # coordinator and name it in INIT; a driver that cannot run one refuses to start.
+        self.coordinated = False
 
     def __len__(self) -> int:
         return len(self.engines)

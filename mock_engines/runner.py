@@ -22,6 +22,7 @@ import zmq
 from harness.transport.sockets import engine_identity, make_socket
 from harness.wire import ProtocolError
 from harness.wire import messages as m
+from mock_engines.coordinator_link import CoordinatorLink
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
 from mock_engines.transcript import Record
 
@@ -72,6 +73,9 @@ class EngineRunner:
         self._inputs: list[zmq.Socket[bytes]] = []
         self._outputs: list[zmq.Socket[bytes]] = []
         self._sockets_changed = False
+        # Handshake mode with a frontend-owned DP coordinator (addresses from INIT).
+        self.init: m.EngineHandshakeMetadata | None = None
+        self.coordinator = CoordinatorLink(core)
         self._thread = threading.Thread(target=self._run, name=f"mock-engine-{core.rank}",
                                         daemon=True)
 
@@ -122,6 +126,10 @@ class EngineRunner:
         """End the engine thread abruptly (sockets closed, nothing sent)."""
         self.call(lambda: self._fault("exit", self._request_stop))
 
+    def send_coordinator(self, outputs: m.EngineCoreOutputs) -> None:
+        """Send one engine -> coordinator message (start_wave / wave_complete / stats)."""
+        self.call(lambda: self.coordinator.send(outputs))
+
     # ------------------------------------------------------------------ thread
 
     def _wake(self) -> None:
@@ -136,14 +144,20 @@ class EngineRunner:
                 inputs, outputs = self.connection.inputs, self.connection.outputs
             if not self._stop:
                 self._connect(inputs, outputs)
+                if self.init is not None:
+                    self.coordinator.connect(self.ctx, self.init.addresses)
                 self._register()
                 if isinstance(self.connection, Handshake):
+                    if not self.coordinator.wait_ready(self.connection.timeout,
+                                                       lambda: self._stop):
+                        return
                     self._finish_handshake()
                 self._loop()
         except BaseException as exc:  # recorded for the report; never kills the harness
             self.failure = exc
         finally:
             self._close_sockets()
+            self.coordinator.close()
             self._handshake_sock_close()
 
     _hs: zmq.Socket[bytes] | None = None
@@ -174,6 +188,7 @@ class EngineRunner:
                     raise
                 core.transcript.append(Record(now, core.rank, "in", "handshake",
                                               tuple(frames), init, None, "INIT"))
+                self.init = init
                 return init.addresses.inputs, init.addresses.outputs
         return [], []
 
@@ -181,8 +196,9 @@ class EngineRunner:
         assert self._hs is not None and isinstance(self.connection, Handshake)
         if not self.core.script.handshake_ready:
             return
-        ready = self.core.codec.encode_handshake_ready(self.connection.local,
-                                                       self.connection.headless)
+        ready = self.core.codec.encode_handshake_ready(
+            self.connection.local, self.connection.headless,
+            parallel_config_hash=self.core.script.parallel_config_hash)
         self._hs.send(ready)
         self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out",
                                            "handshake", (ready,), None, None, "READY"))
@@ -247,6 +263,8 @@ class EngineRunner:
                 for sock in self._inputs:
                     if sock in events:
                         self._drain(sock)
+            if self.coordinator.sub is not None and self.coordinator.sub in events:
+                self.coordinator.drain()
             for item in core.poll(monotonic()):
                 self._send(item)
 
@@ -258,6 +276,9 @@ class EngineRunner:
             for sock in self._inputs:
                 if cast(int, sock.get(_EVENTS)) & _POLLIN:
                     events[sock] = _POLLIN
+        sub = self.coordinator.sub
+        if sub is not None and cast(int, sub.get(_EVENTS)) & _POLLIN:
+            events[sub] = _POLLIN
         return events
 
     def _run_commands(self) -> None:
@@ -274,6 +295,8 @@ class EngineRunner:
         if self._reading:  # not reading: pending input must not wake (and spin) the loop
             for sock in self._inputs:
                 poller.register(sock, zmq.POLLIN)
+        if self.coordinator.sub is not None:
+            poller.register(self.coordinator.sub, zmq.POLLIN)
         return poller
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:

@@ -119,6 +119,14 @@ class Transcript:
     def protocol_errors(self, rank: int | None = None) -> list[Record]:
         return [r for r in self.select(rank=rank) if r.error is not None]
 
+    def start_dp_waves(self, rank: int | None = None, since: float | None = None
+                       ) -> list[m.StartDPWave]:
+        """START_DP_WAVE publications the engines received from a frontend-owned
+        coordinator (handshake mode), in arrival order."""
+        return [r.message for r in self.select(rank=rank, direction="in",
+                                               channel="coordinator", since=since)
+                if isinstance(r.message, m.StartDPWave)]
+
     def owner_of(self, request_id: str) -> int | None:
         """The rank that received the ADD for `request_id` (first one), if any."""
         for r in self.select(direction="in", kind=AddRequest):

@@ -122,9 +122,14 @@ class DriverProgram:
                         else sorted(c.value for c in ALL_CAPABILITIES))
         reply: dict[str, Any] = {"name": "reference (subprocess)", "inputs": [inputs],
                                  "outputs": [outputs], "capabilities": capabilities}
+        coordinator: tuple[str, str] | None = None
         if msg.get("handshake"):  # the frontend owns HELLO / INIT / READY
             reply["handshake"] = f"ipc://{workdir}/handshake.sock"
-        self.frontend.bind(inputs, outputs, reply.get("handshake"))
+            if msg.get("coordinator"):  # ... and the DP coordinator INIT names
+                coordinator = (f"ipc://{workdir}/coord-in.sock",
+                               f"ipc://{workdir}/coord-out.sock")
+                reply["coordinator"] = True
+        self.frontend.bind(inputs, outputs, reply.get("handshake"), coordinator)
         return reply
 
     async def cmd_wait_ready(self, msg: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
@@ -542,6 +543,21 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ms.ProtocolErrorSkipped),
     Mutant("death_not_recorded", "death fails in-flight work but later calls are accepted",
            ms.DeathNotRecorded),
+    # -- coordinator (cores in mutants_coordinator.py) --
+    Mutant("coordinator_start_wave_wakes_everyone", "START_DP_WAVE published with exclude "
+           "None instead of the sender's index", mc.StartWaveWakesEveryone),
+    Mutant("coordinator_exclude_rank_zero", "START_DP_WAVE always excludes rank 0",
+           mc.StartWaveExcludesRankZero),
+    Mutant("coordinator_duplicate_start_wave", "a start_wave for the running wave is "
+           "rebroadcast again", mc.DuplicateStartWaveRebroadcast),
+    Mutant("coordinator_wave_not_advanced", "wave_complete(w) leaves the wave at w",
+           mc.WaveCompleteNotAdvanced),
+    Mutant("coordinator_stats_only_fatal", "a stats-only coordinator message kills the "
+           "coordinator", mc.StatsOnlyFatal),
+    Mutant("coordinator_frontend_starts_wave", "a request sent while paused makes the "
+           "coordinator publish START_DP_WAVE", mc.FrontendStartsWave),
+    Mutant("coordinator_init_without_addresses", "INIT leaves out the coordinator's "
+           "addresses", mc.InitWithoutCoordinator),
     # -- utility (cores in mutants_utility.py) --
     Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "
            "by engine 0, not ANDed", BoolAnswersFromEngineZero),

@@ -214,12 +214,16 @@ class SubprocessDriver(FrontendDriver):
             "init", timeout=timeout, protocol=PROTOCOL, workdir=self._workdir.name,
             engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group),
             stats_address=group.stats_address, timescale=scaled(1.0),
-            **({"handshake": True} if group.handshake else {}))
+            **({"handshake": True} if group.handshake else {}),
+            **({"coordinator": True} if group.coordinated else {}))
         self.capabilities = frozenset(Capability(c) for c in reply.get("capabilities", [])
                                       if c in Capability._value2member_map_)
         if group.handshake and "handshake" not in reply:
             raise UnsupportedOperation("init: handshake mode was requested but the driver "
                                        "program answered without a 'handshake' address")
+        if group.coordinated and not reply.get("coordinator"):
+            raise UnsupportedOperation("init: a frontend-owned DP coordinator was requested "
+                                       "but the driver program does not run one")
         if "handshake" in reply:
             group.start_handshake(str(reply["handshake"]), timeout=timeout)
         else:

@@ -12,7 +12,9 @@ must say `local=False, headless=True` (utils.py:1419-1422, :1494-1518), the hand
 `tcp://<data_parallel_master_ip>:<data_parallel_rpc_port>` (utils.py:1343-1352) and the
 input/output sockets are loopback TCP (`get_engine_zmq_bind_addresses`, utils.py:1120-1160).
 The mock engines play the headless engines. For DP > 1 vLLM also starts its real DP
-coordinator process (utils.py:1265-1279; engines here never connect to it); it is forked, as
+coordinator process (utils.py:1265-1279) and names it in INIT; the mock engines subscribe
+to it (coordinated cases serve a MoE config, `moe_model_dir`, so it coordinates waves). It is
+forked, as
 `VLLM_WORKER_MULTIPROC_METHOD=fork` makes it (the CPU platform's spawn default re-imports
 vLLM, about 10 s), and AsyncLLM.shutdown() stops it.
 
@@ -35,8 +37,11 @@ import asyncio
 import contextlib
 import copy
 import gc
+import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -55,7 +60,7 @@ LOCK_TIMEOUT = 5.0  # a previous construction still holding the patched launcher
 POLL_INTERVAL = 0.005  # the loop polls the constructor thread's outcome
 HOST = "127.0.0.1"
 
-_CONFIGS: dict[int, Any] = {}  # data_parallel_size -> pristine handshake-mode VllmConfig
+_CONFIGS: dict[tuple[int, bool], Any] = {}  # (dp size, MoE) -> pristine handshake config
 _CONFIG_LOCK = threading.Lock()
 # One construction at a time per process: it swaps module globals of vLLM's core_client and
 # the multiprocessing method for its duration.
@@ -69,16 +74,42 @@ def free_tcp_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def handshake_config(engine_args: Any, dp_size: int, port: int) -> Any:
+# A MoE variant of fixtures/tiny-model's config: vLLM runs DP wave coordination only for MoE
+# models (utils.py:1265-1270 `enable_wave_coordination=is_moe`). No weights are loaded: the
+# frontend reads config and tokenizer only.
+MOE_CONFIG = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+              "num_local_experts": 4, "num_experts_per_tok": 2}
+_MOE_DIR: list[str] = []
+
+
+def moe_model_dir() -> str:
+    """A per-process copy of the tiny model whose config is MoE (made once, under the lock)."""
+    if not _MOE_DIR:
+        path = tempfile.mkdtemp(prefix="cw-moe-model-")
+        source = tiny_model_dir()
+        for item in source.iterdir():
+            if item.is_file():
+                shutil.copy(item, path)
+        with open(source / "config.json") as fh:
+            config = json.load(fh)
+        with open(os.path.join(path, "config.json"), "w") as fh:
+            json.dump({**config, **MOE_CONFIG}, fh)
+        _MOE_DIR.append(path)
+    return _MOE_DIR[0]
+
+
+def handshake_config(engine_args: Any, dp_size: int, port: int, moe: bool = False) -> Any:
     """A private VllmConfig for a frontend owning the handshake of `dp_size` remote
-    headless engines (`--data-parallel-size-local 0`) at tcp://127.0.0.1:`port`."""
+    headless engines (`--data-parallel-size-local 0`) at tcp://127.0.0.1:`port`; `moe`
+    serves a MoE config, so its DP coordinator coordinates waves."""
     with _CONFIG_LOCK:
-        base = _CONFIGS.get(dp_size)
+        base = _CONFIGS.get((dp_size, moe))
         if base is None:
-            args = engine_args(model=str(tiny_model_dir()), skip_tokenizer_init=False,
+            model = moe_model_dir() if moe else str(tiny_model_dir())
+            args = engine_args(model=model, skip_tokenizer_init=False,
                                data_parallel_size=dp_size, data_parallel_size_local=0,
                                data_parallel_address=HOST, data_parallel_rpc_port=port)
-            base = _CONFIGS[dp_size] = args.create_engine_config()
+            base = _CONFIGS[(dp_size, moe)] = args.create_engine_config()
     config = copy.deepcopy(base)
     config.parallel_config.data_parallel_rpc_port = port
     return config
@@ -237,10 +268,14 @@ async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> Handshak
     try:
         # On the loop, like the driver's other configs: ~0.15 s the first time per DP size, a
         # deep copy after (an executor thread would outlive the case).
-        config = handshake_config(vllm.engine_args, dp_size, port)
+        config = handshake_config(vllm.engine_args, dp_size, port, moe=group.coordinated)
     except Exception as exc:
         raise StartupError(f"could not build vLLM's handshake-mode config for {dp_size} "
                            f"engine(s): {_describe(exc)}") from exc
+    if group.coordinated:  # engines started with the same config report its hash (MoE DP)
+        config_hash = config.parallel_config.compute_hash()
+        for engine in group.engines:
+            engine.script.parallel_config_hash = config_hash
     startup = HandshakeStartup(vllm, config, max(0.05, timeout))
     startup.begin()
     # Remote headless engines (the only kind a frontend with no local engines accepts in

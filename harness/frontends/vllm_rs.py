@@ -61,6 +61,7 @@ from harness.frontends.driver import (
     ObservedConfig,
     StartupError,
     StreamHandle,
+    UnsupportedOperation,
     check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
@@ -307,6 +308,8 @@ class VllmRsDriver(FrontendDriver):
         return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
 
     async def start(self, group: EngineGroup, timeout: float) -> None:
+        if group.coordinated:
+            raise UnsupportedOperation(hs.NO_COORDINATOR)
         if group.handshake:
             await self._start_handshake_owner(group, timeout)
             return

@@ -15,6 +15,12 @@ import os
 import socket
 import stat
 
+# Why coordinated cases (a frontend-owned DP coordinator) cannot run here yet.
+NO_COORDINATOR = (
+    "vllm-rs serve starts its in-process DP coordinator only for a MoE model with more than "
+    "one engine (rust/src/server/src/config.rs:383-401, lib.rs:116); this driver serves the "
+    "dense fixtures/tiny-model, so INIT names no coordinator")
+
 STAND_IN = """#!/bin/sh
 # corewire: stands in for the managed Python engine; mock engines do the handshake instead.
 while kill -0 "$PPID" 2>/dev/null; do sleep 0.2; done

@@ -21,6 +21,7 @@ from harness.frontends.driver import (
     StreamHandle,
     prompt_embeds_bytes,
 )
+from harness.frontends.reference.coordinator import CoordinatorCore
 from harness.frontends.reference.sessions import SessionRules, SessionState
 from harness.frontends.reference.utilities import (
     DEFAULT_AGGREGATION,
@@ -95,6 +96,9 @@ class PendingUtility:
 class ReferenceFrontendCore(SessionRules):
     """Frontend role for one client (client_index) over N engines (DP ranks)."""
 
+    # The state machine of the DP coordinator the frontend owns in handshake mode.
+    coordinator_class: type[CoordinatorCore] = CoordinatorCore
+
     def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
                  client_index: int = 0) -> None:
         if not ranks:
@@ -115,6 +119,8 @@ class ReferenceFrontendCore(SessionRules):
         self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
         self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
         self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
+        # Handshake mode with an owned DP coordinator: its (input, output) addresses for INIT.
+        self.coordinator_addresses: tuple[str, str] | None = None
         self.hello_seen: set[int] = set()  # handshake mode: ranks that sent HELLO
         self.handshake_ready_seen: set[int] = set()  # ... and READY
 
@@ -194,6 +200,9 @@ class ReferenceFrontendCore(SessionRules):
 
     def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
         addresses = m.EngineZmqAddresses(list(inputs), list(outputs))
+        if self.coordinator_addresses is not None:  # utils.py:1272-1274
+            addresses.coordinator_input, addresses.coordinator_output = \
+                self.coordinator_addresses
         return self.codec.encode_init(m.EngineHandshakeMetadata(addresses, {}))
 
     @property

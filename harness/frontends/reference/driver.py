@@ -54,7 +54,9 @@ class ReferenceDriver(FrontendDriver):
                                           **self.frontend_kwargs)
         if group.handshake:
             handshake = self._ipc.address("handshake")
-            self.frontend.bind(inputs, outputs, handshake)
+            coordinator = ((self._ipc.address("coord-in"), self._ipc.address("coord-out"))
+                           if group.coordinated else None)
+            self.frontend.bind(inputs, outputs, handshake, coordinator)
             group.start_handshake(handshake, timeout=timeout)
         else:
             self.frontend.bind(inputs, outputs)

@@ -19,10 +19,19 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.reference.coordinator import (
+    CoordinatorError,
+    Effect,
+    LoadReport,
+    Publish,
+    WaveChanged,
+)
+from harness.frontends.reference.coordinator_io import CoordinatorTransport
 from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
 from harness.timing import scaled
 from harness.transport.sockets import make_socket
 from harness.wire import ProtocolError
+from harness.wire import messages as m
 
 CoreFactory = Callable[[Sequence[int]], ReferenceFrontendCore]
 
@@ -46,6 +55,7 @@ class ReferenceFrontend:
         self._pull: zmq.asyncio.Socket | None = None
         self._stats: zmq.asyncio.Socket | None = None
         self._handshake: zmq.asyncio.Socket | None = None
+        self._coordinator: CoordinatorTransport | None = None
         self._addresses: tuple[list[str], list[str]] = ([], [])
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[int, asyncio.Future[PendingUtility]] = {}
@@ -55,14 +65,24 @@ class ReferenceFrontend:
     # ------------------------------------------------------------------ startup
 
     def bind(self, input_address: str, output_address: str,
-             handshake_address: str | None = None) -> None:
+             handshake_address: str | None = None,
+             coordinator: tuple[str, str] | None = None) -> None:
         """Bind input and output; with a handshake address the frontend also owns
-        HELLO / INIT / READY (engines learn the input/output addresses from INIT)."""
+        HELLO / INIT / READY (engines learn the input/output addresses from INIT), and with
+        `coordinator` (input, output) addresses a DP coordinator that INIT names too."""
         ctx = cast("zmq.Context[zmq.Socket[bytes]]", self._ctx)
         self._addresses = ([input_address], [output_address])
         if handshake_address is not None:
             self._handshake = hs = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
             hs.bind(handshake_address)
+            if coordinator is not None:
+                core = self.core.coordinator_class(len(self.core.engines),
+                                                   codec=self.core.codec)
+                self._coordinator = CoordinatorTransport(core, self._ctx,
+                                                         self._on_coordinator_effect,
+                                                         self._on_coordinator_error)
+                self._coordinator.bind(*coordinator)
+                self.core.coordinator_addresses = coordinator
         self._router = router = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.ROUTER))
         self._pull = pull = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.PULL))
         router.bind(input_address)
@@ -76,6 +96,8 @@ class ReferenceFrontend:
         """Read one ready frame per engine; StartupError names the engines that never came."""
         assert self._router is not None
         deadline = time.monotonic() + timeout
+        if self._coordinator is not None:
+            self._coordinator.start()
         if self._handshake is not None:
             await self._run_handshake(deadline, timeout)
         while not self.core.registered:
@@ -137,6 +159,10 @@ class ReferenceFrontend:
                                              data_parallel_rank=data_parallel_rank, stop=stop,
                                              **options)
         await self._send([send])
+        if self._coordinator is not None and handle.request_id in self.core.requests:
+            rank = self.core.requests[handle.request_id].rank
+            for effect in self._coordinator.core.on_frontend_request(rank):
+                await self._coordinator_effect(effect)
         if self.first_output_deadline is not None:
             asyncio.get_running_loop().call_later(
                 self.first_output_deadline, self._deadline_passed, handle)
@@ -209,6 +235,30 @@ class ReferenceFrontend:
         values = await self.call_all("reset_prefix_cache",
                                      [reset_running_requests, reset_connector])
         return self.core.aggregate_reset_prefix_cache(values)
+
+    # ------------------------------------------------------------------ coordinator
+
+    async def _coordinator_effect(self, effect: Effect) -> None:
+        if isinstance(effect, Publish):
+            assert self._coordinator is not None
+            await self._coordinator.publish(effect)
+        else:
+            self._on_coordinator_effect(effect)
+
+    def _on_coordinator_effect(self, effect: Effect) -> None:
+        """In-process, what vLLM's coordinator publishes to its frontends (wave, load)."""
+        if isinstance(effect, WaveChanged):
+            self.core.on_dp_stats(m.DPStatsUpdate(None, effect.state.current_wave,
+                                                  effect.state.engines_running))
+        elif isinstance(effect, LoadReport):
+            self.core.on_load_report(effect.rank, effect.waiting, effect.running)
+
+    def _on_coordinator_error(self, error: CoordinatorError) -> None:
+        """A miswired engine on the coordinator path: the client fails closed (vllm-rs
+        closes its registries, inproc.rs:193-199)."""
+        self.core.mark_dead(f"DP coordinator: {error}")
+        if self.core.dead is not None:
+            self._fail_waiters(self.core.dead)
 
     # ------------------------------------------------------------------ tasks
 
@@ -293,6 +343,8 @@ class ReferenceFrontend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_waiters(EngineDeadError("frontend closed"))
+        if self._coordinator is not None:
+            await self._coordinator.close()
         for sock in (self._router, self._pull, self._stats, self._handshake):
             if sock is not None:
                 sock.close(0)

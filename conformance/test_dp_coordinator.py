@@ -1,0 +1,183 @@
+"""A frontend-owned DP coordinator, seen from the engines (handshake mode, `coordinated`).
+
+When the frontend launches the deployment it owns the DP coordinator: INIT names its
+engine-facing addresses (`coordinator_input` XPUB, `coordinator_output` PULL; Python
+utils.py:1265-1279, Rust HandshakeOwner with the in-process coordinator, client.rs
+coordinator_handshake_includes_engine_control_addresses), every engine subscribes and waits
+for its READY, engines PUSH `start_wave` / `wave_complete` / stats to it, and it publishes
+`START_DP_WAVE (wave, exclude_engine_index)` so the other engines join a wave one of them
+started (coordinator.py:412-456; inproc.rs). vLLM runs wave coordination for MoE models
+(utils.py:1267 `enable_wave_coordination=is_moe`; vllm-rs `serve` starts its coordinator for
+MoE with >1 engine, server/src/config.rs:383-401). A driver that cannot run such a frontend
+refuses the start: UNSUPPORTED with its reason.
+"""
+
+from __future__ import annotations
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt, request_for
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.group import EngineGroup
+
+INIT_SRC = ("vllm/v1/engine/utils.py:1265-1279 (0.33.0); rust client.rs "
+            "coordinator_handshake_includes_engine_control_addresses")
+REBROADCAST = ("vllm/v1/engine/coordinator.py:426-456 (0.33.0); rust coordinator/inproc.rs "
+               "StartWave; client.rs coordinator_rebroadcasts_engine_start_wave_control")
+WAVES = ("vllm/v1/engine/coordinator.py:412-441, core.py:2374-2385 (0.33.0); rust client.rs "
+         "coordinator_wave_control_tracks_pause_running_and_rebroadcasts")
+STATS = ("vllm/v1/engine/coordinator.py:380-410 (0.33.0); rust client.rs "
+         "coordinator_accepts_stats_only_outputs")
+ALONE = ("vllm/v1/engine/coordinator.py:43-46 'Only the engines start waves', core.py:"
+         "2374-2385 (0.33.0); rust client.rs coordinator_wave_control_tracks_pause_running_"
+         "and_rebroadcasts (engine 1 first hears (0, Some(0)))")
+GEN = [Capability.GENERATE, Capability.DP_RANK]
+
+
+def _waves(group: EngineGroup, rank: int) -> list[tuple[int, int | None]]:
+    return [(w.wave, w.exclude_engine_index) for w in group.transcript.start_dp_waves(rank)]
+
+
+def _all_waves(group: EngineGroup) -> dict[int, list[tuple[int, int | None]]]:
+    return {e.rank: _waves(group, e.rank) for e in group.engines}
+
+
+async def _rebroadcast_seen(ctx: CaseContext, group: EngineGroup, expected: tuple[int, int],
+                            count: int = 1) -> bool:
+    """Bounded wait until every engine holds `count` copies of START_DP_WAVE `expected`."""
+    return await ctx.wait_until(
+        lambda: all(_waves(group, e.rank).count(expected) >= count for e in group.engines), 3)
+
+
+for _n in (2, 3):
+    def _make(n: int = _n) -> None:
+        @case(f"handshake.init.coordinator_addresses_{n}_engines", Level.MUST,
+              f"With {n} engines and a frontend-owned DP coordinator, every INIT names the "
+              "same coordinator input and output addresses; each engine's subscription is "
+              "answered with READY and the frontend then serves every engine.",
+              source=INIT_SRC, needs=GEN)
+        async def coordinator_addresses(ctx: CaseContext) -> None:
+            group = await ctx.start(n, coordinated=True)
+            inits = [r.message for r in group.transcript.select(direction="in",
+                                                                channel="handshake")
+                     if isinstance(r.message, m.EngineHandshakeMetadata)]
+            named = {(i.addresses.coordinator_input, i.addresses.coordinator_output)
+                     for i in inits}
+            ctx.require(len(inits) == n and len(named) == 1
+                        and all(a and b for a, b in named),
+                        expected=f"{n} INITs, all naming the same coordinator input and output",
+                        observed=sorted(str(x) for x in named) or "no INIT")
+            ready = {e.rank for e in group.engines if any(
+                r.note == "READY" for r in group.transcript.select(
+                    rank=e.rank, direction="in", channel="coordinator"))}
+            ctx.require(ready == {e.rank for e in group.engines},
+                        expected="the coordinator's READY reaches every engine",
+                        observed=f"READY at engines {sorted(ready)}")
+            for rank in reversed(range(n)):
+                handle = await ctx.driver.generate(prompt(rank), 2, data_parallel_rank=rank)
+                await handle.wait(ctx.t(3))
+                found = request_for(group, prompt(rank))
+                ctx.require(found is not None and found[0] == rank
+                            and handle.finish_reason == "length",
+                            expected=f"engine {rank} serves its pinned request",
+                            observed=f"{found}, {handle.finish_reason} error={handle.error}")
+
+        sender = n - 1 if n == 2 else 1  # the last engine, or one in the middle
+
+        @case(f"dp.coordinator.start_wave_rebroadcast_{n}_engines", Level.MUST,
+              f"With {n} engines, engine {sender} reporting start_wave(4) makes the "
+              f"coordinator publish START_DP_WAVE (4, exclude={sender}) once to every "
+              "engine: the others join the wave, the sender is not woken again.",
+              source=REBROADCAST, needs=GEN)
+        async def start_wave_rebroadcast(ctx: CaseContext) -> None:
+            group = await ctx.start(n, coordinated=True)
+            group[sender].start_wave(4)
+            await _rebroadcast_seen(ctx, group, (4, sender))
+            await ctx.quiet(0.3)
+            seen = _all_waves(group)
+            ctx.require(all(v == [(4, sender)] for v in seen.values()),
+                        expected=f"exactly one START_DP_WAVE (4, {sender}) at every engine",
+                        observed=seen)
+
+        globals()[f"coordinator_addresses_{n}"] = coordinator_addresses
+        globals()[f"start_wave_rebroadcast_{n}"] = start_wave_rebroadcast
+    _make()
+
+
+@case("dp.coordinator.duplicate_start_wave_not_rebroadcast", Level.MUST,
+      "Once wave 0 runs (engine 0 started it), engine 1 reporting start_wave(0) too is a "
+      "duplicate: the coordinator publishes nothing more.", source=REBROADCAST, needs=GEN)
+async def duplicate_start_wave(ctx: CaseContext) -> None:
+    group = await ctx.start(2, coordinated=True)
+    group[0].start_wave(0)
+    first = await _rebroadcast_seen(ctx, group, (0, 0))
+    ctx.require(first, expected="START_DP_WAVE (0, 0) at both engines",
+                observed=_all_waves(group))
+    group[1].start_wave(0)
+    await ctx.quiet(0.4)
+    seen = _all_waves(group)
+    ctx.require(all(v == [(0, 0)] for v in seen.values()),
+                expected="only the first START_DP_WAVE (0, 0); the duplicate is dropped",
+                observed=seen)
+
+
+@case("dp.coordinator.engines_alone_start_waves", Level.MUST,
+      "A request sent while the engines are paused does not make the frontend's coordinator "
+      "publish START_DP_WAVE: only the engine that gets it starts the wave (reporting "
+      "start_wave), and then the others hear (0, exclude=that engine) first.",
+      source=ALONE, needs=GEN)
+async def engines_alone_start_waves(ctx: CaseContext) -> None:
+    group = await ctx.start(2, coordinated=True)
+    handle = await ctx.driver.generate(prompt(0), 2, data_parallel_rank=0)
+    await handle.wait(ctx.t(3))
+    await ctx.quiet(0.4)
+    ctx.require(_all_waves(group) == {0: [], 1: []},
+                expected="no START_DP_WAVE while no engine reported start_wave",
+                observed=_all_waves(group))
+    group[0].start_wave(0)
+    await _rebroadcast_seen(ctx, group, (0, 0))
+    ctx.require(_waves(group, 1)[:1] == [(0, 0)],
+                expected="engine 1 first hears START_DP_WAVE (0, 0)",
+                observed=_all_waves(group))
+
+
+@case("dp.coordinator.wave_complete_next_wave", Level.MUST,
+      "Engine 0 reporting wave_complete(0) to the coordinator moves the deployment to wave "
+      "1: a request sent afterwards carries current_wave 1 (the first one carried 0).",
+      source=WAVES, needs=GEN)
+async def wave_complete_next_wave(ctx: CaseContext) -> None:
+    group = await ctx.start(2, coordinated=True)
+    first = await ctx.driver.generate(prompt(0), 2, data_parallel_rank=0)
+    await first.wait(ctx.t(3))
+    group[0].start_wave(0)
+    await _rebroadcast_seen(ctx, group, (0, 0))
+    group[0].wave_complete(0)
+    await ctx.quiet(0.3)  # the coordinator's publication reaches the frontend
+    second = await ctx.driver.generate(prompt(1), 2, data_parallel_rank=1)
+    await second.wait(ctx.t(3))
+    waves = {tuple(r.prompt_token_ids): r.current_wave for r in group.transcript.adds()}
+    observed = [waves.get(tuple(prompt(0))), waves.get(tuple(prompt(1)))]
+    ctx.require(observed == [0, 1],
+                expected="current_wave 0 on the first ADD, 1 after wave_complete(0)",
+                observed=observed)
+
+
+@case("dp.coordinator.stats_only_tolerated", Level.MUST,
+      "Stats-only messages from every engine on the coordinator path carry load, not wave "
+      "control: the coordinator keeps working (a later start_wave(2) is rebroadcast) and the "
+      "frontend keeps serving.", source=STATS, needs=GEN)
+async def stats_only_tolerated(ctx: CaseContext) -> None:
+    group = await ctx.start(2, coordinated=True)
+    for engine in group.engines:
+        engine.coordinator_stats(waiting=1, running=2)
+    await ctx.quiet(0.3)
+    group[1].start_wave(2)
+    rebroadcast = await _rebroadcast_seen(ctx, group, (2, 1))
+    ctx.require(rebroadcast, expected="START_DP_WAVE (2, 1) at both engines after stats",
+                observed=_all_waves(group))
+    handle = await ctx.driver.generate(prompt(0), 2, data_parallel_rank=0)
+    await handle.wait(ctx.t(3))
+    ctx.require(handle.finish_reason == "length",
+                expected="the frontend still serves after stats-only messages",
+                observed=f"{handle.finish_reason} error={handle.error}")
