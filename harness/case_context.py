@@ -120,6 +120,7 @@ class CaseContext:
             await asyncio.wait_for(self.driver.shutdown(), scaled(10))
         except Exception as exc:  # reported, never lost
             problems.append(f"driver shutdown: {type(exc).__name__}: {exc}")
+        problems.extend(self.driver.teardown_notes())
         if self.group is not None:
             try:
                 await asyncio.to_thread(self.group.stop)

@@ -140,3 +140,17 @@ def test_new_operations_and_older_driver_programs(fault: str, fn: Any, spec: Cas
                               env={"COREWIRE_DRIVER_FAULT": fault})
     result = asyncio.run(run_case(spec, fn, driver))
     assert result.verdict is verdict, (result.message, result.evidence.notes)
+
+
+def test_children_left_by_a_driver_program_are_reaped() -> None:
+    """A program that leaves a child in its process group: teardown ends the whole group and
+    says so on the case (they used to leak, silently)."""
+    import subprocess
+    import uuid
+
+    tag = f"corewire-grandchild-{uuid.uuid4().hex[:8]}"
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}")))
+    assert result.verdict is Verdict.PASS, result.message
+    assert any("left processes in its group" in n for n in result.evidence.notes)
+    alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+    assert alive.strip() == "", f"grandchild still running: {alive}"

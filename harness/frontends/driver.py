@@ -240,6 +240,10 @@ class FrontendDriver(abc.ABC):
     async def shutdown(self) -> None:
         """Stop the frontend and release everything it holds (bounded, idempotent)."""
 
+    def teardown_notes(self) -> list[str]:
+        """What shutdown had to clean up after the frontend (reported on the case)."""
+        return []
+
     def diagnostics(self) -> str:
         """Logs worth attaching to a failing verdict (e.g. a subprocess's stderr tail)."""
         return ""

@@ -5,8 +5,8 @@ the template for ports: read commands from stdin, answer on stdout, log to stder
 
 COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
 `exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
-`huge_line_on:CMD` (a 2 MiB line), `old_protocol` (a first-release program: none of the
-later capabilities, and a plain "unknown command" error for later commands),
+`huge_line_on:CMD` (a 2 MiB line), `grandchild:TAG` (leaves a child running),
+`old_protocol` (a first-release program: none of the later capabilities, and a plain "unknown command" error for later commands),
 `plain_unknown:CMD` (every capability declared, but CMD answered with a plain "unknown
 command" error).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -215,6 +216,11 @@ async def main() -> int:
     if program.fault == "exit_at_start":
         log("injected exit at start")
         return 4
+    kind, _, tag = program.fault.partition(":")
+    if kind == "grandchild":  # a child the program never reaps, in its process group
+        child = subprocess.Popen([sys.executable, "-c",
+                                  f"import time; time.sleep(300)  # {tag}"])
+        log(f"injected grandchild pid {child.pid}")
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

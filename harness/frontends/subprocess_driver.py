@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import itertools
 import os
+import signal
 import tempfile
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,7 @@ class SubprocessDriver(FrontendDriver):
         self._fault: DriverFault | None = None
         self._stray: deque[str] = deque(maxlen=5)
         self._abandoned: set[int] = set()  # command ids whose late replies are ignored
+        self.leftovers: list[str] = []  # what teardown had to clean up after the program
 
     # ------------------------------------------------------------------ process
 
@@ -331,6 +334,8 @@ class SubprocessDriver(FrontendDriver):
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
                     await proc.wait()
+        if proc is not None:
+            await self._reap_group(proc.pid)
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -344,6 +349,28 @@ class SubprocessDriver(FrontendDriver):
             self._workdir = None
 
     _tail_cache = ""
+
+    def teardown_notes(self) -> list[str]:
+        return list(self.leftovers)
+
+    async def _reap_group(self, pgid: int) -> None:
+        """The program runs in its own session, so its process group id is its pid: anything
+        it left in that group (children it never reaped) is terminated, then killed."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                return  # the group is empty
+            if sig == signal.SIGTERM:
+                self.leftovers.append(f"driver left processes in its group {pgid}; "
+                                      f"terminated them")
+            deadline = time.monotonic() + scaled(2.0)
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except (ProcessLookupError, PermissionError):
+                    return
+                await asyncio.sleep(0.02)
 
     def diagnostics(self) -> str:
         if not self._stderr_path or not os.path.exists(self._stderr_path):
