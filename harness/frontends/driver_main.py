@@ -6,7 +6,8 @@ the template for ports: read commands from stdin, answer on stdout, log to stder
 COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
 `exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
 `huge_line_on:CMD` (a 2 MiB line), `grandchild:TAG` (leaves a child running),
-`old_protocol` (a first-release program: none of the later capabilities, and a plain "unknown command" error for later commands),
+`old_protocol` (a first-release program: none of the later capabilities, and a plain
+"unknown command" error for later commands),
 `plain_unknown:CMD` (every capability declared, but CMD answered with a plain "unknown
 command" error).
 """
