@@ -102,8 +102,7 @@ async def missing_ready_named(ctx: CaseContext) -> None:
       "An engine that never connects (no HELLO) makes startup fail within the bound.",
       source=HS, timeout=20)
 async def never_hello(ctx: CaseContext) -> None:
-    await _startup_refused(ctx, [EngineScript(), EngineScript(register=False,
-                                                              handshake_ready=False)], 1.5)
+    await _startup_refused(ctx, [EngineScript(), EngineScript(hello=False)], 1.5)
 
 
 @case("handshake.mode.unexpected_identity_refused", Level.MUST,

@@ -164,6 +164,10 @@ class EngineRunner:
 
     def _handshake(self, hs: Handshake) -> tuple[list[str], list[str]]:
         core = self.core
+        if not core.script.hello:  # an engine that never comes up: silent until stopped
+            while not self._stop:
+                time.sleep(0.02)
+            return [], []
         alias = core.script.register_as
         self._hs = sock = make_socket(self.ctx, zmq.DEALER, identity=engine_identity(
             core.rank if alias is None else alias))

@@ -205,6 +205,8 @@ class EngineScript:
     register_as: int | None = None
     # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
     handshake_ready: bool = True
+    # Handshake mode: False never connects to the handshake socket at all (no HELLO).
+    hello: bool = True
     # Handshake READY's `parallel_config_hash` (a real engine's is its config's hash; a MoE
     # frontend checks it, utils.py:1565-1580): set by drivers that know the frontend's config.
     parallel_config_hash: str | None = None

@@ -54,8 +54,11 @@ def extend_record(known: KillMatrix, workers: int) -> KillMatrix:
     """The record brought up to today's mutants and cases without the full matrix: only
     the pairs with something new run; pairs of removed mutants or cases are dropped."""
     files = discover_cases(ROOT)
-    new_cases = sorted(c for c in files if c not in set(known.cases))
-    new_mutants = sorted(m for m in MUTANTS if m not in known.kills)
+    # New, and unproven: a case that caught nothing or a mutant nothing caught is run again
+    # against everything (a case or mutant may have changed since the record).
+    idle, uncaught = set(known.idle_cases()), set(known.uncaught_mutants())
+    new_cases = sorted(c for c in files if c not in set(known.cases) or c in idle)
+    new_mutants = sorted(m for m in MUTANTS if m not in known.kills or m in uncaught)
     node_ids = [node_id(files[c], c, m) for m in new_mutants for c in sorted(files)]
     node_ids += [node_id(files[c], c, m) for m in sorted(MUTANTS) if m not in new_mutants
                  for c in new_cases]
@@ -82,8 +85,9 @@ def main() -> int:
     parser.add_argument("--markdown", type=Path, default=ROOT / "reports" / "kill-matrix.md")
     parser.add_argument("--incremental", action="store_true",
                         help="keep the record's pairs and run only the pairs that involve a "
-                             "mutant or case the record does not know (new mutant x every "
-                             "case, known mutant x new case); drops what no longer exists")
+                             "mutant or case the record does not know or did not prove (new "
+                             "or uncaught mutant x every case, other mutants x new or idle "
+                             "case); drops what no longer exists")
     args = parser.parse_args()
     started = time.monotonic()
     if args.incremental:
