@@ -381,6 +381,11 @@ class ReferenceEngine:
 class ReferenceEngineGroup:
     """The real vLLM engine core (DP=1) behind a recording proxy, as an engine group."""
 
+    # What drivers read of any engine group (see mock_engines.group.EngineGroup): the real
+    # engine is always bootstrapped, with no frontend-owned handshake or coordinator.
+    handshake = False
+    coordinated = False
+
     def __init__(self, engines: int = 1, *, mode: Mode = "cpu-stub",
                  step_delay_s: float = 0.0, log_stats: bool = True,
                  engine_args: dict[str, Any] | None = None,

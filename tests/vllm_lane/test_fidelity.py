@@ -369,6 +369,10 @@ def test_facets_are_what_a_frontend_can_rely_on(mock_facets: dict[str, str]) -> 
 class ProxiedMockGroup:
     """A mock engine behind the recording proxy: the proxy's own fidelity, checkable."""
 
+    handshake = False  # what drivers read of any engine group: bootstrapped, DP=1
+    coordinated = False
+    stats_address = None
+
     def __init__(self, script: EngineScript) -> None:
         self.mock = EngineGroup([script])
         self.proxy = RecordingProxy([0])
