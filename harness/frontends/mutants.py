@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
+from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -597,6 +598,22 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("tensors_inline", "large input tensors inlined (no aux frame)", mi.TensorsInline),
     Mutant("tensors_always_aux", "small input tensors sent as aux frames",
            mi.TensorsAlwaysAux),
+    # -- mutation survivors A (cores in mutants_edges_a.py) --
+    Mutant("reset_connector_flag_dropped", "reset_prefix_cache always sends "
+           "reset_connector=false", ea.ResetConnectorFlagDropped),
+    Mutant("reset_flags_swapped", "reset_prefix_cache sends its two flags in the wrong "
+           "order", ea.ResetFlagsSwapped),
+    Mutant("consensus_answers_agreement", "consensus methods answer 'engines agree' (true) "
+           "instead of the value", ea.ConsensusAnswersAgreement),
+    Mutant("bool_answers_as_unit", "add_lora/wake_up answer None instead of the engines' "
+           "true", ea.BoolAnswersAsUnit),
+    Mutant("list_loras_as_unit", "list_loras answers None", ea.ListLorasAsUnit),
+    Mutant("consensus_against_engine_one", "consensus compares with engine 1's answer "
+           "(fails with one engine)", ea.ConsensusAgainstEngineOne),
+    Mutant("utility_failure_message_dropped", "a failed utility call's error drops the "
+           "engine's message", ea.FailureMessageDropped),
+    Mutant("is_sleeping_untyped", "is_sleeping passes on a non-boolean answer",
+           ea.IsSleepingUntyped),
 ]}
 
 
