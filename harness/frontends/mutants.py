@@ -614,6 +614,16 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "engine's message", ea.FailureMessageDropped),
     Mutant("is_sleeping_untyped", "is_sleeping passes on a non-boolean answer",
            ea.IsSleepingUntyped),
+    Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
+           ea.HelloTwiceAnswered),
+    Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",
+           ea.ReadyOrderUnchecked),
+    Mutant("undecodable_handshake_skipped", "an undecodable handshake message is dropped, "
+           "startup waits for the bound", ea.UndecodableHandshakeSkipped),
+    Mutant("unexpected_identity_vague", "the unexpected-identity error names no identity",
+           ea.UnexpectedIdentityVague),
+    Mutant("handshake_timeout_unnamed", "a handshake timeout names no engine or stage",
+           ea.HandshakeTimeoutUnnamed),
 ]}
 
 

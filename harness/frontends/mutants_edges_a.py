@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.frontends.driver import StartupError
 from harness.frontends.reference.core import (
+    EngineState,
     InconsistentResults,
     PendingUtility,
     ReferenceFrontendCore,
@@ -16,6 +18,7 @@ from harness.frontends.reference.core import (
     UtilityFailed,
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
+from harness.wire import ProtocolError
 
 
 class ResetConnectorFlagDropped(ReferenceFrontendCore):
@@ -100,3 +103,60 @@ class IsSleepingUntyped(ReferenceFrontendCore):
         if method == "is_sleeping":
             return self.aggregate_is_sleeping(values)
         return super().aggregate(method, values)
+
+
+# ---------------------------------------------------------------- handshake
+
+
+class HelloTwiceAnswered(ReferenceFrontendCore):
+    """A repeated HELLO is answered with another INIT instead of refused (the engine's
+    state is not tracked per stage)."""
+
+    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
+                     outputs: Sequence[str]) -> bytes | None:
+        engine = self._handshake_engine(identity, "handshake message")
+        if self._handshake_status(engine, payload) == "HELLO":
+            self.hello_seen.add(engine.rank)
+            return self.init_message(engine.rank, inputs, outputs)
+        return super().on_handshake(identity, payload, inputs, outputs)
+
+
+class ReadyOrderUnchecked(ReferenceFrontendCore):
+    """READY is recorded whenever it comes: before the engine's HELLO, or twice."""
+
+    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
+                     outputs: Sequence[str]) -> bytes | None:
+        engine = self._handshake_engine(identity, "handshake message")
+        if self._handshake_status(engine, payload) == "READY":
+            self.handshake_ready_seen.add(engine.rank)
+            return None
+        return super().on_handshake(identity, payload, inputs, outputs)
+
+
+class UndecodableHandshakeSkipped(ReferenceFrontendCore):
+    """An undecodable handshake message is dropped and the frontend waits for a valid one
+    (startup then fails only at the bound, for the wrong reason)."""
+
+    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
+                     outputs: Sequence[str]) -> bytes | None:
+        try:
+            self.codec.decode_handshake_status(payload)
+        except ProtocolError:
+            return None
+        return super().on_handshake(identity, payload, inputs, outputs)
+
+
+class UnexpectedIdentityVague(ReferenceFrontendCore):
+    """A handshake message from an unknown identity is refused without saying which."""
+
+    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
+        if bytes(identity) not in self._by_identity:
+            raise StartupError("handshake message from an unexpected engine")
+        return super()._handshake_engine(identity, stage)
+
+
+class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
+    """A handshake timeout says only that it timed out: no engine, no stage."""
+
+    def handshake_timeout(self, timeout: float) -> StartupError:
+        return StartupError(f"handshake timed out after {timeout:.1f}s")
