@@ -9,6 +9,8 @@ Sources: Python DPLB `call_utility_all_async` / the per-method folds (core_clien
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -137,3 +139,42 @@ async def is_sleeping_non_bool(ctx: CaseContext) -> None:
         return
     ctx.require(False, expected="an error: is_sleeping answered 1, not a boolean",
                 observed=f"answered {value!r}")
+
+
+# ---------------------------------------------------------------- a silent engine, named
+
+for _n, _silent in ((2, 0), (3, 1)):
+    def _make_silent(n: int = _n, silent: int = _silent) -> None:
+        @case(f"utility.edges.silent_engine_named_{n}", Level.SHOULD,
+              f"A reset_prefix_cache call that engine {silent} of {n} never answers should "
+              f"fail within a bound with an error naming engine {silent} and none of the "
+              "engines that answered (Rust and Python 0.33.0 wait without a bound).",
+              source="rust-client.md §1.7; core_client.py call_utility_async (0.33.0)",
+              needs=[Capability.RESET_PREFIX_CACHE], timeout=40)
+        async def silent_named(ctx: CaseContext) -> None:
+            scripts = [EngineScript(utilities={"reset_prefix_cache": UtilityReply(
+                True, never=rank == silent)}) for rank in range(n)]
+            await ctx.start(scripts)
+            try:
+                value = await asyncio.wait_for(ctx.driver.reset_prefix_cache(), ctx.t(12))
+            except FrontendError as exc:
+                text = str(exc)
+                answered = [r for r in range(n) if r != silent and _names(text, r)]
+                ctx.require(_names(text, silent) and not answered,
+                            expected=f"an error naming engine {silent} only", observed=text)
+                return
+            except asyncio.TimeoutError:
+                ctx.require(False, expected="an error within 12 s",
+                            observed="the call was still pending after 12 s (no bound)")
+                return
+            ctx.require(False, expected=f"an error naming engine {silent}",
+                        observed=f"answered {value!r}")
+
+        globals()[f"silent_named_{n}"] = silent_named
+    _make_silent()
+
+
+def _names(text: str, rank: int) -> bool:
+    """The error names engine `rank` (as 'engine 1', 'engines [0, 1]', 'rank 1'...)."""
+    return bool(re.search(rf"(engine|rank|dp)\w*\W{{0,3}}(\[[\d, ]*)?\b{rank}\b", text,
+                          re.I))

@@ -614,6 +614,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "engine's message", ea.FailureMessageDropped),
     Mutant("is_sleeping_untyped", "is_sleeping passes on a non-boolean answer",
            ea.IsSleepingUntyped),
+    Mutant("utility_timeout_names_every_engine", "a utility timeout names every engine, "
+           "not just the silent one", ea.UtilityTimeoutNamesEveryEngine),
     Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
            ea.HelloTwiceAnswered),
     Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",

@@ -79,6 +79,24 @@ class ConsensusAgainstEngineOne(ReferenceFrontendCore):
         return super().aggregate(method, values)
 
 
+class _EveryRankMissing(PendingUtility):
+    def missing_ranks(self) -> list[int]:
+        return sorted(self.call_ids.values())
+
+
+class UtilityTimeoutNamesEveryEngine(ReferenceFrontendCore):
+    """A utility timeout names every engine of the call, not just the silent ones (the
+    answered set is never consulted)."""
+
+    def start_utility(self, method: str, args: Sequence[Any]
+                      ) -> tuple[PendingUtility, list[Send]]:
+        call, sends = super().start_utility(method, args)
+        mutant = _EveryRankMissing(call.method, call.call_ids)
+        for call_id in call.call_ids:
+            self.utilities[call_id] = mutant
+        return mutant, sends
+
+
 class FailureMessageDropped(ReferenceFrontendCore):
     """A failed utility call raises naming the failing engines only; the engine's own
     failure message (what went wrong) is dropped."""
