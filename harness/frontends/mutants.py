@@ -616,6 +616,10 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ea.IsSleepingUntyped),
     Mutant("utility_timeout_names_every_engine", "a utility timeout names every engine, "
            "not just the silent one", ea.UtilityTimeoutNamesEveryEngine),
+    Mutant("coordinator_counts_ignored", "the coordinator's load counts are ignored "
+           "(scheduler_stats only)", ea.CoordinatorCountsIgnored),
+    Mutant("first_publication_kept", "load counts from the first coordinator publication "
+           "only", ea.FirstPublicationKept),
     Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
            ea.HelloTwiceAnswered),
     Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",

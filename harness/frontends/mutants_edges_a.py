@@ -19,6 +19,7 @@ from harness.frontends.reference.core import (
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
 from harness.wire import ProtocolError
+from harness.wire import messages as m
 
 
 class ResetConnectorFlagDropped(ReferenceFrontendCore):
@@ -178,3 +179,27 @@ class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
 
     def handshake_timeout(self, timeout: float) -> StartupError:
         return StartupError(f"handshake timed out after {timeout:.1f}s")
+
+
+# ---------------------------------------------------------------- DP load
+
+
+class CoordinatorCountsIgnored(ReferenceFrontendCore):
+    """The coordinator's publications update the wave only; load comes from
+    scheduler_stats alone."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        self.current_wave = update.current_wave
+
+
+class FirstPublicationKept(ReferenceFrontendCore):
+    """Load counts are taken from the first publication only (cached, never refreshed)."""
+
+    _counts_seen = False
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if self._counts_seen and update.counts:
+            self.current_wave = update.current_wave
+            return
+        self._counts_seen = self._counts_seen or bool(update.counts)
+        super().on_dp_stats(update)

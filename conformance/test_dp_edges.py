@@ -1,0 +1,83 @@
+"""DP load from the coordinator's publications alone: a port that reads only
+scheduler_stats, keeps the first publication, or stops reading after an undecodable one
+routes by stale load.
+
+vLLM 0.33.0: the Python DPLB client subscribes to the coordinator's stats publisher and
+replaces its per-engine counts with each `[counts, wave, running]` publication
+(core_client.py DPLBAsyncMPClient stats task; score = max(inflight, waiting + running),
+:1781-1790); Rust: rust-client.md §1.6 (coordinator counts as load reports).
+"""
+
+from __future__ import annotations
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt, request_for
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from mock_engines.group import EngineGroup
+from mock_engines.script import EngineScript
+
+LOAD = ("vllm/v1/engine/core_client.py:1781-1790 (score from the coordinator's counts), "
+        "DPLBAsyncMPClient stats subscription (0.33.0); rust-client.md §1.6")
+NEEDS = [Capability.GENERATE]
+
+
+async def _routed_to(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
+    p = prompt(seed)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    return found[0] if found else None
+
+
+for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1),
+                      ([(0, 3), (1, 1), (0, 0)], 2)):
+    def _make_only(loads: list[tuple[int, int]] = _loads, idle: int = _idle) -> None:
+        n = len(loads)
+
+        @case(f"dp.edges.coordinator_load_only_{n}_engines_idle_{idle}", Level.MUST,
+              f"Load published only by the DP coordinator (counts {loads}, no "
+              f"scheduler_stats) counts for routing: an unpinned request goes to engine "
+              f"{idle}, the idle one.", source=LOAD, needs=NEEDS)
+        async def load_only(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(reported_load=load) for load in loads])
+            await ctx.quiet(0.4)  # several publications land
+            at = await _routed_to(ctx, group, 500 + n)
+            ctx.require(at == idle, expected=f"the request at engine {idle} (published "
+                                             f"load {loads})", observed=f"at engine {at}")
+
+        globals()[f"load_only_{n}_{idle}"] = load_only
+    _make_only()
+
+
+for _garbage in (False, True):
+    def _make_moved(garbage: bool = _garbage) -> None:
+        name = "after_undecodable_publication" if garbage else "follows_latest_publication"
+
+        @case(f"dp.edges.load_{name}", Level.MUST,
+              "When the published load moves from engine 1 to engine 0 (counts "
+              "[(0,0),(0,5)] then [(0,5),(0,0)])"
+              + (", with an undecodable publication in between," if garbage else "")
+              + " an unpinned request goes to engine 1: the newest publication counts"
+              + (" and the frontend keeps reading after skipping the bad one." if garbage
+                 else "."), source=LOAD, needs=NEEDS)
+        async def moved(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(reported_load=(0, 0)),
+                                     EngineScript(reported_load=(0, 5))])
+            await ctx.quiet(0.4)
+            first = await _routed_to(ctx, group, 520)
+            ctx.require(first == 0, expected="first the request at engine 0 (engine 1 "
+                                             "busy)", observed=f"at engine {first}")
+            if garbage:
+                assert group.coordinator is not None
+                group.coordinator.inject.append(b"\xc1not msgpack")
+                await ctx.quiet(0.3)
+            group.engines[0].script.reported_load = (0, 5)
+            group.engines[1].script.reported_load = (0, 0)
+            await ctx.quiet(0.4)
+            second = await _routed_to(ctx, group, 521)
+            ctx.require(second == 1, expected="then the request at engine 1 (load moved "
+                                              "to engine 0)", observed=f"at engine {second}")
+
+        globals()[f"load_{name}"] = moved
+    _make_moved()
