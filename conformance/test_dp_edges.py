@@ -10,12 +10,14 @@ replaces its per-engine counts with each `[counts, wave, running]` publication
 
 from __future__ import annotations
 
+import asyncio
+
 from harness.case_context import CaseContext
-from harness.casekit import prompt, request_for
+from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript
+from mock_engines.script import EngineScript, any_request
 
 LOAD = ("vllm/v1/engine/core_client.py:1781-1790 (score from the coordinator's counts), "
         "DPLBAsyncMPClient stats subscription (0.33.0); rust-client.md §1.6")
@@ -81,3 +83,30 @@ for _garbage in (False, True):
 
         globals()[f"load_{name}"] = moved
     _make_moved()
+
+
+# ---------------------------------------------------------------- death says why
+
+DEATH = "protocol-python.md §10.1 (EngineDeadError); rust-client.md §1.9 (0.33.0)"
+
+for _n in (1, 2, 3):
+    def _make_death(n: int = _n) -> None:
+        @case(f"dp.edges.engine_death_stream_error_text_{n}_engines", Level.MUST,
+              f"With {n} engine(s), ENGINE_CORE_DEAD from the last engine ends every open "
+              "stream with an error that says what happened (a non-empty error text), not "
+              "a bare error finish.", source=DEATH,
+              needs=[Capability.GENERATE, Capability.ENGINE_DEATH], timeout=20)
+        async def death_text(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(n)])
+            handles = [await ctx.driver.generate(prompt(540 + i), 100) for i in range(n + 1)]
+            await asyncio.gather(*(h.wait_first(ctx.t(3)) for h in handles))
+            group.engines[-1].send_dead()
+            await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+            bad = [(h.finish_reason, h.error) for h in handles
+                   if not (h.ended and isinstance(h.error, str) and h.error.strip())]
+            ctx.require(not bad, expected=f"all {n + 1} streams end with an error text",
+                        observed=f"{len(bad)} did not (finish, error): {bad[:3]}")
+
+        globals()[f"death_text_{n}"] = death_text
+    _make_death()

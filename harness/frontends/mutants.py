@@ -620,6 +620,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "(scheduler_stats only)", ea.CoordinatorCountsIgnored),
     Mutant("first_publication_kept", "load counts from the first coordinator publication "
            "only", ea.FirstPublicationKept),
+    Mutant("death_error_text_dropped", "engine death ends streams with no error text",
+           ea.DeathErrorTextDropped),
     Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
            ea.HelloTwiceAnswered),
     Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",

@@ -203,3 +203,16 @@ class FirstPublicationKept(ReferenceFrontendCore):
             return
         self._counts_seen = self._counts_seen or bool(update.counts)
         super().on_dp_stats(update)
+
+
+# ---------------------------------------------------------------- death
+
+
+class DeathErrorTextDropped(ReferenceFrontendCore):
+    """Engine death ends the open streams with a bare "error" finish: the why is lost."""
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead is None:
+            for rid in list(self.requests):
+                self._finish(rid, "error")
+        super().mark_dead(reason)
