@@ -178,3 +178,31 @@ def _names(text: str, rank: int) -> bool:
     """The error names engine `rank` (as 'engine 1', 'engines [0, 1]', 'rank 1'...)."""
     return bool(re.search(rf"(engine|rank|dp)\w*\W{{0,3}}(\[[\d, ]*)?\b{rank}\b", text,
                           re.I))
+
+
+# ---------------------------------------------------------------- disagreement, shown
+
+for _method, _values in (("get_weight_version", ["v1", "v1", "cw-v9"]),
+                         ("get_weight_version", ["cw-v9", "v1"])):
+    def _make_disagree(method: str = _method, values: list[Any] = _values) -> None:
+        odd = "cw-v9"
+        n = len(values)
+
+        @case(f"utility.edges.disagreement_shows_values_{n}", Level.SHOULD,
+              f"When {n} engines disagree on {method} ({values}), the error should show "
+              f"the odd answer {odd!r} (Python: 'Engines returned different {method} "
+              "results: [...]', core_client.py:1316-1319).", source=AGG, needs=CALL)
+        async def disagree_shown(ctx: CaseContext) -> None:
+            await ctx.start([EngineScript(utilities={method: UtilityReply(v)})
+                             for v in values])
+            try:
+                value = await ctx.driver.call_utility(method, [])
+            except FrontendError as exc:
+                ctx.require(odd in str(exc), expected=f"an error showing {odd!r}",
+                            observed=str(exc))
+                return
+            ctx.require(False, expected=f"an error showing {odd!r}",
+                        observed=f"answered {value!r}")
+
+        globals()[f"disagree_shown_{n}"] = disagree_shown
+    _make_disagree()

@@ -622,6 +622,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "only", ea.FirstPublicationKept),
     Mutant("death_error_text_dropped", "engine death ends streams with no error text",
            ea.DeathErrorTextDropped),
+    Mutant("disagreement_unexplained", "a consensus disagreement error shows no values",
+           ea.DisagreementUnexplained),
     Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
            ea.HelloTwiceAnswered),
     Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",

@@ -54,6 +54,16 @@ class ConsensusAnswersAgreement(ReferenceFrontendCore):
         return super().aggregate(method, values)
 
 
+class DisagreementUnexplained(ReferenceFrontendCore):
+    """Engines that disagree on a consensus method fail the call without saying on what."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        if self.aggregation.get(method) is Aggregation.CONSENSUS and \
+                any(v != values[0] for v in values):
+            raise InconsistentResults(f"{method}: engines disagree")
+        return super().aggregate(method, values)
+
+
 class BoolAnswersAsUnit(ReferenceFrontendCore):
     """add_lora / wake_up treated like the unit methods: the engines' true is lost (None)."""
 
