@@ -188,8 +188,8 @@ for _method, _values in (("get_weight_version", ["v1", "v1", "cw-v9"]),
         odd = "cw-v9"
         n = len(values)
 
-        @case(f"utility.edges.disagreement_shows_values_{n}", Level.SHOULD,
-              f"When {n} engines disagree on {method} ({values}), the error should show "
+        @case(f"utility.edges.disagreement_shows_values_{n}", Level.MUST,
+              f"When {n} engines disagree on {method} ({values}), the error shows "
               f"the odd answer {odd!r} (Python: 'Engines returned different {method} "
               "results: [...]', core_client.py:1316-1319).", source=AGG, needs=CALL)
         async def disagree_shown(ctx: CaseContext) -> None:
