@@ -206,3 +206,17 @@ for _method, _values in (("get_weight_version", ["v1", "v1", "cw-v9"]),
 
         globals()[f"disagree_shown_{n}"] = disagree_shown
     _make_disagree()
+
+
+@case("utility.edges.unlisted_method_answered", Level.SHOULD,
+      "A utility method the frontend has no folding rule for (cw_custom_probe, 2 engines "
+      "answering 'cw-custom') should still be answered with engine 0's answer (Python DPLB "
+      "returns engine 0's, core_client.py:1814-1816), not dropped as None.", source=AGG,
+      needs=CALL)
+async def unlisted_method(ctx: CaseContext) -> None:
+    method = "cw_custom_probe"
+    await ctx.start([EngineScript(utilities={method: UtilityReply("cw-custom")})
+                     for _ in range(2)])
+    value = await ctx.driver.call_utility(method, [])
+    ctx.require(value == "cw-custom", expected="'cw-custom' (engine 0's answer)",
+                observed=repr(value))

@@ -624,6 +624,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ea.DeathErrorTextDropped),
     Mutant("disagreement_unexplained", "a consensus disagreement error shows no values",
            ea.DisagreementUnexplained),
+    Mutant("unlisted_method_unit", "a utility method without a folding rule answers None",
+           ea.UnlistedMethodUnit),
     Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
            ea.HelloTwiceAnswered),
     Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",

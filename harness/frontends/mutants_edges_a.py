@@ -64,6 +64,16 @@ class DisagreementUnexplained(ReferenceFrontendCore):
         return super().aggregate(method, values)
 
 
+class UnlistedMethodUnit(ReferenceFrontendCore):
+    """A method missing from the folding table answers None (as if it were a unit call)."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        if method not in self.aggregation and method not in ("is_sleeping",
+                                                             "reset_prefix_cache"):
+            return None
+        return super().aggregate(method, values)
+
+
 class BoolAnswersAsUnit(ReferenceFrontendCore):
     """add_lora / wake_up treated like the unit methods: the engines' true is lost (None)."""
 
