@@ -16,6 +16,7 @@ from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
+from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 
@@ -88,6 +89,31 @@ for _garbage in (False, True):
 
         globals()[f"load_{name}"] = moved
     _make_moved()
+
+
+@case("dp.edges.load_after_wider_publication", Level.SHOULD,
+      "A publication with counts for more DP ranks than this frontend's 2 engines (a third "
+      "triple) uses the engines' own ranks (Python slices counts by its managed ranks, "
+      "core_client.py:1592-1596) and the frontend keeps reading: when the load then moves "
+      "from engine 0 to engine 1, the next unpinned request goes to engine 0.",
+      source=LOAD, needs=NEEDS)
+async def wider_publication(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(reported_load=(0, 5)),
+                             EngineScript(reported_load=(0, 0))])
+    await ctx.quiet(0.4)
+    first = await _routed_to(ctx, group, 530)
+    ctx.require(first == 1, expected="first the request at engine 1 (engine 0 busy)",
+                observed=f"at engine {first}")
+    assert group.coordinator is not None
+    group.coordinator.inject.append(group.codec.encode_dp_stats(m.DPStatsUpdate(
+        [(0, 5, 0.0), (0, 0, 0.0), (7, 7, 0.0)], 0, True)))
+    await ctx.quiet(0.3)
+    group.engines[0].script.reported_load = (0, 0)
+    group.engines[1].script.reported_load = (0, 5)
+    await ctx.quiet(0.4)
+    second = await _routed_to(ctx, group, 531)
+    ctx.require(second == 0, expected="then the request at engine 0 (load moved to engine 1)",
+                observed=f"at engine {second}")
 
 
 # ---------------------------------------------------------------- death says why
