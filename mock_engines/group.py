@@ -120,6 +120,9 @@ class MockCoordinator:
         self.failure: BaseException | None = None
         self.wave = 0
         self.running: bool | None = None  # None: published as "any engine has live work"
+        # Raw payloads published (once each, in order) before the next regular publication:
+        # undecodable stats a frontend must survive.
+        self.inject: list[bytes] = []
         self._thread = threading.Thread(target=self._run, name="mock-dp-coordinator",
                                         daemon=True)
 
@@ -155,6 +158,12 @@ class MockCoordinator:
                     self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "in",
                                                   "coordinator", (frame,), None, None,
                                                   "subscription"))
+                while self.inject:
+                    raw = self.inject.pop(0)
+                    sock.send(raw)
+                    self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
+                                                  "coordinator", (raw,), None, None,
+                                                  "injected"))
                 if time.monotonic() >= next_publish:
                     counts = [(w, r, 0.0) for w, r in (e.core.counts() for e in self._engines)]
                     running = (any(r for _, r, _ in counts) if self.running is None

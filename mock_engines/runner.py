@@ -177,10 +177,19 @@ class EngineRunner:
         self._hs = sock = make_socket(self.ctx, zmq.DEALER, identity=engine_identity(
             core.rank if alias is None else alias))
         sock.connect(hs.address)
-        hello = core.codec.encode_hello(hs.local, hs.headless)
-        sock.send(hello)
-        core.transcript.append(Record(time.monotonic(), core.rank, "out", "handshake",
-                                      (hello,), None, None, "HELLO"))
+        script = core.script
+        if script.ready_before_hello:
+            early = core.codec.encode_handshake_ready(
+                hs.local, hs.headless, parallel_config_hash=script.parallel_config_hash)
+            sock.send(early)
+            core.transcript.append(Record(time.monotonic(), core.rank, "out", "handshake",
+                                          (early,), None, None, "READY"))
+        hello = (script.hello_payload if script.hello_payload is not None
+                 else core.codec.encode_hello(hs.local, hs.headless))
+        for _ in range(script.hello_repeats):
+            sock.send(hello)
+            core.transcript.append(Record(time.monotonic(), core.rank, "out", "handshake",
+                                          (hello,), None, None, "HELLO"))
         deadline = time.monotonic() + hs.timeout
         while not self._stop:
             remaining = deadline - time.monotonic()

@@ -205,8 +205,14 @@ class EngineScript:
     register_as: int | None = None
     # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
     handshake_ready: bool = True
-    # Handshake mode: False never connects to the handshake socket at all (no HELLO).
+    # Handshake mode: False never connects to the handshake socket at all (no HELLO, not
+    # even a connection; compare hello_repeats=0: connected, silent).
     hello: bool = True
+    # Handshake missteps: raw bytes sent instead of HELLO (undecodable / invalid), HELLO sent
+    # this many times back to back (duplicate HELLO), a READY sent before the HELLO.
+    hello_payload: bytes | None = None
+    hello_repeats: int = 1
+    ready_before_hello: bool = False
     # Handshake READY's `parallel_config_hash` (a real engine's is its config's hash; a MoE
     # frontend checks it, utils.py:1565-1580): set by drivers that know the frontend's config.
     parallel_config_hash: str | None = None

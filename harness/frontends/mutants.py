@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
+from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -597,6 +598,44 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("tensors_inline", "large input tensors inlined (no aux frame)", mi.TensorsInline),
     Mutant("tensors_always_aux", "small input tensors sent as aux frames",
            mi.TensorsAlwaysAux),
+    # -- mutation survivors A (cores in mutants_edges_a.py) --
+    Mutant("reset_connector_flag_dropped", "reset_prefix_cache always sends "
+           "reset_connector=false", ea.ResetConnectorFlagDropped),
+    Mutant("reset_flags_swapped", "reset_prefix_cache sends its two flags in the wrong "
+           "order", ea.ResetFlagsSwapped),
+    Mutant("consensus_answers_agreement", "consensus methods answer 'engines agree' (true) "
+           "instead of the value", ea.ConsensusAnswersAgreement),
+    Mutant("bool_answers_as_unit", "add_lora/wake_up answer None instead of the engines' "
+           "true", ea.BoolAnswersAsUnit),
+    Mutant("list_loras_as_unit", "list_loras answers None", ea.ListLorasAsUnit),
+    Mutant("consensus_against_engine_one", "consensus compares with engine 1's answer "
+           "(fails with one engine)", ea.ConsensusAgainstEngineOne),
+    Mutant("utility_failure_message_dropped", "a failed utility call's error drops the "
+           "engine's message", ea.FailureMessageDropped),
+    Mutant("is_sleeping_untyped", "is_sleeping passes on a non-boolean answer",
+           ea.IsSleepingUntyped),
+    Mutant("utility_timeout_names_every_engine", "a utility timeout names every engine, "
+           "not just the silent one", ea.UtilityTimeoutNamesEveryEngine),
+    Mutant("coordinator_counts_ignored", "the coordinator's load counts are ignored "
+           "(scheduler_stats only)", ea.CoordinatorCountsIgnored),
+    Mutant("first_publication_kept", "load counts from the first coordinator publication "
+           "only", ea.FirstPublicationKept),
+    Mutant("death_error_text_dropped", "engine death ends streams with no error text",
+           ea.DeathErrorTextDropped),
+    Mutant("disagreement_unexplained", "a consensus disagreement error shows no values",
+           ea.DisagreementUnexplained),
+    Mutant("unlisted_method_unit", "a utility method without a folding rule answers None",
+           ea.UnlistedMethodUnit),
+    Mutant("hello_twice_answered", "a repeated HELLO gets a second INIT",
+           ea.HelloTwiceAnswered),
+    Mutant("ready_order_unchecked", "READY accepted before HELLO or twice",
+           ea.ReadyOrderUnchecked),
+    Mutant("undecodable_handshake_skipped", "an undecodable handshake message is dropped, "
+           "startup waits for the bound", ea.UndecodableHandshakeSkipped),
+    Mutant("unexpected_identity_vague", "the unexpected-identity error names no identity",
+           ea.UnexpectedIdentityVague),
+    Mutant("handshake_timeout_unnamed", "a handshake timeout names no engine or stage",
+           ea.HandshakeTimeoutUnnamed),
 ]}
 
 

@@ -1,0 +1,143 @@
+"""DP load from the coordinator's publications alone: a port that reads only
+scheduler_stats, keeps the first publication, or stops reading after an undecodable one
+routes by stale load.
+
+vLLM 0.33.0: the Python DPLB client subscribes to the coordinator's stats publisher and
+replaces its per-engine counts with each `[counts, wave, running]` publication
+(core_client.py DPLBAsyncMPClient stats task; score = max(inflight, waiting + running),
+:1781-1790); Rust: rust-client.md §1.6 (coordinator counts as load reports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from harness.case_context import CaseContext
+from harness.casekit import hold, prompt, request_for
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.group import EngineGroup
+from mock_engines.script import EngineScript, any_request
+
+LOAD = ("vllm/v1/engine/core_client.py:1781-1790 (score from the coordinator's counts), "
+        "DPLBAsyncMPClient stats subscription (0.33.0); rust-client.md §1.6")
+NEEDS = [Capability.GENERATE]
+
+
+async def _routed_to(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
+    p = prompt(seed)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    return found[0] if found else None
+
+
+for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1),
+                      ([(0, 3), (1, 1), (0, 0)], 2)):
+    def _make_only(loads: list[tuple[int, int]] = _loads, idle: int = _idle) -> None:
+        n = len(loads)
+
+        @case(f"dp.edges.coordinator_load_only_{n}_engines_idle_{idle}", Level.SHOULD,
+              f"Load published only by the DP coordinator (counts {loads}, no "
+              f"scheduler_stats) should count for routing: an unpinned request goes to "
+              f"engine {idle}, the idle one (Python routes by the counts; Rust ignores "
+              "them, rust-client.md §2.4).", source=LOAD, needs=NEEDS)
+        async def load_only(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(reported_load=load) for load in loads])
+            await ctx.quiet(0.4)  # several publications land
+            at = await _routed_to(ctx, group, 500 + n)
+            ctx.require(at == idle, expected=f"the request at engine {idle} (published "
+                                             f"load {loads})", observed=f"at engine {at}")
+
+        globals()[f"load_only_{n}_{idle}"] = load_only
+    _make_only()
+
+
+for _garbage in (False, True):
+    def _make_moved(garbage: bool = _garbage) -> None:
+        name = "after_undecodable_publication" if garbage else "follows_latest_publication"
+
+        @case(f"dp.edges.load_{name}", Level.SHOULD,
+              "When the published load moves from engine 0 to engine 1 (counts "
+              "[(0,5),(0,0)] then [(0,0),(0,5)])"
+              + (", with an undecodable publication in between," if garbage else "")
+              + " the next unpinned request goes to engine 0: the newest publication counts"
+              + (" and the frontend keeps reading after skipping the bad one (Python's "
+                 "stats task dies on it, core_client.py:1588; vllm-rs stops serving)."
+                 if garbage else " (Python replaces its counts per publication; Rust "
+                 "ignores counts)."), source=LOAD, needs=NEEDS)
+        async def moved(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(reported_load=(0, 5)),
+                                     EngineScript(reported_load=(0, 0))])
+            await ctx.quiet(0.4)
+            first = await _routed_to(ctx, group, 520)
+            ctx.require(first == 1, expected="first the request at engine 1 (engine 0 "
+                                             "busy)", observed=f"at engine {first}")
+            if garbage:
+                assert group.coordinator is not None
+                group.coordinator.inject.append(b"\xc1not msgpack")
+                await ctx.quiet(0.3)
+            group.engines[0].script.reported_load = (0, 0)
+            group.engines[1].script.reported_load = (0, 5)
+            await ctx.quiet(0.4)
+            second = await _routed_to(ctx, group, 521)
+            # Without load information a rotating tie-break would pick 0 first, then 1:
+            # the expected engines are the opposite, so only the published load explains them.
+            ctx.require(second == 0, expected="then the request at engine 0 (load moved "
+                                              "to engine 1)", observed=f"at engine {second}")
+
+        globals()[f"load_{name}"] = moved
+    _make_moved()
+
+
+@case("dp.edges.load_after_wider_publication", Level.SHOULD,
+      "A publication with counts for more DP ranks than this frontend's 2 engines (a third "
+      "triple) uses the engines' own ranks (Python slices counts by its managed ranks, "
+      "core_client.py:1592-1596) and the frontend keeps reading: when the load then moves "
+      "from engine 0 to engine 1, the next unpinned request goes to engine 0.",
+      source=LOAD, needs=NEEDS)
+async def wider_publication(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(reported_load=(0, 5)),
+                             EngineScript(reported_load=(0, 0))])
+    await ctx.quiet(0.4)
+    first = await _routed_to(ctx, group, 530)
+    ctx.require(first == 1, expected="first the request at engine 1 (engine 0 busy)",
+                observed=f"at engine {first}")
+    assert group.coordinator is not None
+    group.coordinator.inject.append(group.codec.encode_dp_stats(m.DPStatsUpdate(
+        [(0, 5, 0.0), (0, 0, 0.0), (7, 7, 0.0)], 0, True)))
+    await ctx.quiet(0.3)
+    group.engines[0].script.reported_load = (0, 0)
+    group.engines[1].script.reported_load = (0, 5)
+    await ctx.quiet(0.4)
+    second = await _routed_to(ctx, group, 531)
+    ctx.require(second == 0, expected="then the request at engine 0 (load moved to engine 1)",
+                observed=f"at engine {second}")
+
+
+# ---------------------------------------------------------------- death says why
+
+DEATH = "protocol-python.md §10.1 (EngineDeadError); rust-client.md §1.9 (0.33.0)"
+
+for _n in (1, 2, 3):
+    def _make_death(n: int = _n) -> None:
+        @case(f"dp.edges.engine_death_stream_error_text_{n}_engines", Level.MUST,
+              f"With {n} engine(s), ENGINE_CORE_DEAD from the last engine ends every open "
+              "stream with an error that says what happened (a non-empty error text), not "
+              "a bare error finish.", source=DEATH,
+              needs=[Capability.GENERATE, Capability.ENGINE_DEATH], timeout=20)
+        async def death_text(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(n)])
+            handles = [await ctx.driver.generate(prompt(540 + i), 100) for i in range(n + 1)]
+            await asyncio.gather(*(h.wait_first(ctx.t(3)) for h in handles))
+            group.engines[-1].send_dead()
+            await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+            bad = [(h.finish_reason, h.error) for h in handles
+                   if not (h.ended and isinstance(h.error, str) and h.error.strip())]
+            ctx.require(not bad, expected=f"all {n + 1} streams end with an error text",
+                        observed=f"{len(bad)} did not (finish, error): {bad[:3]}")
+
+        globals()[f"death_text_{n}"] = death_text
+    _make_death()

@@ -1,0 +1,146 @@
+"""HELLO / INIT / READY missteps a port lets through or reports vaguely: a duplicate HELLO,
+a READY before HELLO, an undecodable handshake message, and which engine and stage a
+startup timeout names.
+
+vLLM 0.33.0 `wait_for_engine_startup` (v1/engine/utils.py:1484-1590): a message is decoded
+per engine identity, HELLO is accepted only from an engine in state NEW and READY only from
+one in state CONNECTED, anything else raises "Unexpected {status} message for ... engine
+{eng_index} in {state} state" (:1584-1589). Rust HandshakeOwner (rust-client.md §2.2):
+"Duplicate HELLO id -> error", per-stage `HandshakeTimeout{stage}`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from harness.case_context import CaseContext
+from harness.frontends.driver import StartupError, StartupHang
+from harness.verdicts import Level, case
+from mock_engines.script import EngineScript
+
+HS = "vllm/v1/engine/utils.py:1484-1590 wait_for_engine_startup (0.33.0); rust-client.md §2.2"
+ORDER = "vllm/v1/engine/utils.py:1517,1551,1584-1589 (0.33.0); rust-client.md §2.2"
+
+
+def _names_engine(text: str, rank: int) -> bool:
+    """The error names the engine by rank (or its identity bytes in hex)."""
+    ident = rank.to_bytes(2, "little").hex()
+    return bool(re.search(rf"(engine|rank|dp|index)\D{{0,20}}\b{rank}\b", text, re.I)) \
+        or ident in text
+
+
+async def _refused(ctx: CaseContext, scripts: list[EngineScript], timeout: float,
+                   within: float | None = None) -> str:
+    """Startup must fail (within `within` scaled seconds when given); the error text."""
+    began = time.monotonic()
+    try:
+        await ctx.start(scripts, handshake=True, startup_timeout=timeout)
+    except StartupError as exc:
+        elapsed = time.monotonic() - began
+        ctx.note(f"startup error after {elapsed:.2f}s: {exc}")
+        if within is not None:
+            ctx.require(elapsed <= ctx.t(within),
+                        expected=f"startup fails within {within}s (scaled)",
+                        observed=f"failed after {elapsed:.2f}s: {exc}")
+        return str(exc)
+    except StartupHang as exc:
+        ctx.require(False, expected=f"startup fails within the {ctx.t(timeout):.1f}s bound",
+                    observed=str(exc))
+    ctx.require(False, expected="startup fails", observed="the frontend started and serves")
+    return ""
+
+
+# ---------------------------------------------------------------- out-of-order messages
+
+def _misstep_scripts(n: int, bad: int, misstep: EngineScript) -> list[EngineScript]:
+    return [misstep if rank == bad else EngineScript() for rank in range(n)]
+
+
+for _n, _bad in ((1, 0), (2, 1), (3, 0)):
+    def _make_order(n: int = _n, bad: int = _bad) -> None:
+        @case(f"handshake.edges.duplicate_hello_refused_{n}_engines", Level.MUST,
+              f"With {n} engine(s), engine {bad} sending HELLO twice makes startup fail "
+              f"promptly with an error naming engine {bad} (a second HELLO is not answered "
+              "with a second INIT).", source=ORDER, timeout=25)
+        async def duplicate_hello(ctx: CaseContext) -> None:
+            text = await _refused(ctx, _misstep_scripts(n, bad, EngineScript(hello_repeats=2)),
+                                  6, within=3)
+            ctx.require(_names_engine(text, bad), expected=f"an error naming engine {bad}",
+                        observed=text)
+
+        @case(f"handshake.edges.ready_before_hello_refused_{n}_engines", Level.MUST,
+              f"With {n} engine(s), engine {bad} sending READY before its HELLO makes "
+              f"startup fail promptly with an error naming engine {bad}.", source=ORDER,
+              timeout=25)
+        async def ready_first(ctx: CaseContext) -> None:
+            text = await _refused(ctx, _misstep_scripts(
+                n, bad, EngineScript(ready_before_hello=True)), 6, within=3)
+            ctx.require(_names_engine(text, bad), expected=f"an error naming engine {bad}",
+                        observed=text)
+
+        globals()[f"duplicate_hello_{n}"] = duplicate_hello
+        globals()[f"ready_first_{n}"] = ready_first
+    _make_order()
+
+
+# ---------------------------------------------------------------- undecodable handshake
+
+@case("handshake.edges.undecodable_hello_fails_fast", Level.MUST,
+      "An engine (1 of 2) whose first handshake message is not msgpack makes startup fail "
+      "promptly (well before the 6 s bound), not wait for a valid message.", source=HS,
+      timeout=25)
+async def undecodable_hello(ctx: CaseContext) -> None:
+    await _refused(ctx, _misstep_scripts(2, 1, EngineScript(hello_payload=b"\xc1\xc1")), 6,
+                   within=3)
+
+
+@case("handshake.edges.undecodable_hello_named", Level.SHOULD,
+      "The startup error for an undecodable handshake message should name the engine (1) "
+      "that sent it (Python re-raises msgspec's DecodeError, which names no engine).",
+      source=HS, timeout=25)
+async def undecodable_hello_named(ctx: CaseContext) -> None:
+    text = await _refused(ctx, _misstep_scripts(2, 1, EngineScript(hello_payload=b"\xc1")),
+                          6, within=3)
+    ctx.require(_names_engine(text, 1), expected="an error naming engine 1", observed=text)
+
+
+@case("handshake.edges.unexpected_identity_named", Level.SHOULD,
+      "The startup error for a HELLO from an unexpected identity (5, engines 0 and 1) "
+      "should name that identity (Python: 'unexpected data parallel rank: 5').",
+      source=HS + " :1488-1491", timeout=25)
+async def unexpected_identity_named(ctx: CaseContext) -> None:
+    text = await _refused(ctx, [EngineScript(), EngineScript(register_as=5)], 4)
+    ctx.require(_names_engine(text, 5), expected="an error naming identity/rank 5",
+                observed=text)
+
+
+# ---------------------------------------------------------------- which stage timed out
+
+STAGES = {
+    # stage -> (the misstep of engine 1, a pattern for the stage's name in the error)
+    "hello": (EngineScript(hello_repeats=0, register=False, handshake_ready=False),
+              r"\bhello\b"),
+    "registration": (EngineScript(register=False, handshake_ready=False),
+                     r"\bready[ _]?(response|frame|message)\b|\bregist"),
+    "ready": (EngineScript(handshake_ready=False), r"\bready\b(?!\s*(response|frame))"),
+}
+
+for _stage, (_script, _pattern) in STAGES.items():
+    def _make_stage(stage: str = _stage, script: EngineScript = _script,
+                    pattern: str = _pattern) -> None:
+        @case(f"handshake.edges.timeout_names_{stage}_stage", Level.SHOULD,
+              f"When engine 1 of 3 never completes the {stage.upper()} stage, the startup "
+              f"error should name engine 1 (not 0 or 2) and the {stage.upper()} stage "
+              "(Rust HandshakeTimeout{stage}; Python waits without a bound).",
+              source=HS, timeout=25)
+        async def timeout_stage(ctx: CaseContext) -> None:
+            text = await _refused(ctx, [EngineScript(), script, EngineScript()], 1.5)
+            others = [r for r in (0, 2) if _names_engine(text, r)]
+            ctx.require(_names_engine(text, 1) and not others and
+                        bool(re.search(pattern, text, re.I)),
+                        expected=f"an error naming engine 1 only and the {stage.upper()} "
+                                 "stage", observed=text)
+
+        globals()[f"timeout_stage_{stage}"] = timeout_stage
+    _make_stage()

@@ -1,0 +1,222 @@
+"""Utility edges a port gets wrong: flags passed through, the fold over every engine count
+(one engine included), engine 0's answer for first-answer methods, and a failing engine's
+own message reaching the caller.
+
+Sources: Python DPLB `call_utility_all_async` / the per-method folds (core_client.py
+:1305-1320, :1361-1415, :1814-1816), a failure reply becoming the caller's exception
+(core_client.py `_process_utility_output`); Rust `call_utility` (rust-client.md §1.7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from harness.case_context import CaseContext
+from harness.frontends.driver import Capability, FrontendError
+from harness.verdicts import Level, case
+from harness.vllm_dist import tiny_lora_dir
+from mock_engines.script import EngineScript, UtilityReply, default_ready
+
+AGG = "core_client.py:1305-1320,1361-1415,1814-1816; rust-client.md §1.7 (0.33.0)"
+FAIL = "core_client.py _process_utility_output (failure_message -> exception); " \
+       "rust-client.md §1.7 (0.33.0)"
+RESET = "PR #43429; core_client.py:1384-1390 reset_prefix_cache (0.33.0)"
+CALL = [Capability.CALL_UTILITY]
+LORA = ["cw-lora", 1, str(tiny_lora_dir())]
+
+
+def _engines(n: int, method: str, reply: UtilityReply, lora: bool = False
+             ) -> list[EngineScript]:
+    """n engines answering `method` alike; LoRA methods need engines that report LoRA."""
+    if not lora:
+        return [EngineScript(utilities={method: reply}) for _ in range(n)]
+    return [EngineScript(ready=default_ready(rank, n, supports_lora=True, max_loras=4),
+                         utilities={"add_lora": UtilityReply(True), method: reply})
+            for rank in range(n)]
+
+
+# ---------------------------------------------------------------- reset_prefix_cache flags
+
+for _rr, _rc in ((True, False), (False, True), (True, True)):
+    def _make_reset(rr: bool = _rr, rc: bool = _rc) -> None:
+        @case(f"utility.edges.reset_prefix_cache_flags_{int(rr)}{int(rc)}", Level.MUST,
+              f"reset_prefix_cache(reset_running_requests={rr}, reset_connector={rc}) "
+              f"reaches each of 2 engines with args [{rr}, {rc}], in that order.",
+              source=RESET, needs=[Capability.RESET_PREFIX_CACHE])
+        async def reset_flags(ctx: CaseContext) -> None:
+            group = await ctx.start(2)
+            before = len(group.transcript.utility_calls("reset_prefix_cache"))
+            await ctx.driver.reset_prefix_cache(reset_running_requests=rr,
+                                                reset_connector=rc)
+            calls = group.transcript.utility_calls("reset_prefix_cache")[before:]
+            args = sorted((c.rank, c.message.args) for c in calls)
+            ctx.require(args == [(0, [rr, rc]), (1, [rr, rc])],
+                        expected=f"engines 0 and 1 each get args [{rr}, {rc}]",
+                        observed=args)
+
+        globals()[f"reset_flags_{int(rr)}{int(rc)}"] = reset_flags
+    _make_reset()
+
+
+# ---------------------------------------------------------------- folds at every count
+
+def _fold_case(case_id: str, requirement: str, method: str, args: list[Any], answer: Any,
+               expected: Any, n: int, lora: bool = False
+               ) -> Callable[[CaseContext], Awaitable[None]]:
+    async def run(ctx: CaseContext) -> None:
+        await ctx.start(_engines(n, method, UtilityReply(answer), lora))
+        if method == "remove_lora":
+            await ctx.driver.call_utility("add_lora", [LORA])
+        result = await ctx.driver.call_utility(method, args)
+        ctx.require(result == expected and type(result) is type(expected),
+                    expected=f"{method} over {n} engine(s) answering {answer!r}: "
+                             f"{expected!r}", observed=repr(result))
+
+    return case(case_id, Level.MUST, requirement, source=AGG, needs=CALL)(run)
+
+
+for _n in (1, 2, 3):
+    globals()[f"consensus_weight_version_{_n}"] = _fold_case(
+        f"utility.edges.get_weight_version_agree_{_n}",
+        f"get_weight_version over {_n} engine(s) that all answer 'v7' is 'v7' (a single "
+        "engine is its own consensus).", "get_weight_version", [], "v7", "v7", _n)
+    globals()[f"consensus_paused_{_n}"] = _fold_case(
+        f"utility.edges.is_scheduler_paused_agree_{_n}",
+        f"is_scheduler_paused over {_n} engine(s) that all answer false is false.",
+        "is_scheduler_paused", [], False, False, _n)
+    globals()[f"and_add_lora_true_{_n}"] = _fold_case(
+        f"utility.edges.add_lora_all_true_{_n}",
+        f"add_lora over {_n} engine(s) that all answer true is true (AND, or engine 0's "
+        "answer: the same here).", "add_lora", [LORA], True, True, _n, lora=True)
+    globals()[f"list_loras_first_{_n}"] = _fold_case(
+        f"utility.edges.list_loras_answer_{_n}",
+        f"list_loras over {_n} engine(s) that all hold adapter 1 answers [1] (engine 0's "
+        "list; the engines hold the same adapters).", "list_loras", [], [1], [1], _n,
+        lora=True)
+
+
+# ---------------------------------------------------------------- a failure's own message
+
+for _n, _failing in ((1, 0), (2, 0), (3, 1)):
+    def _make_failure(n: int = _n, failing: int = _failing) -> None:
+        @case(f"utility.edges.failure_message_reaches_caller_{n}", Level.MUST,
+              f"When engine {failing} of {n} fails is_scheduler_paused with its own "
+              "message, the caller's error carries that message (not a bare 'failed').",
+              source=FAIL, needs=CALL)
+        async def failure_message(ctx: CaseContext) -> None:
+            text = f"cw-boom-{failing}-scheduler-on-fire"
+            scripts = _engines(n, "is_scheduler_paused", UtilityReply(False))
+            group = await ctx.start(scripts)
+            group.engines[failing].script.utilities["is_scheduler_paused"] = UtilityReply(
+                failure=text)
+            try:
+                value = await ctx.driver.call_utility("is_scheduler_paused", [])
+            except FrontendError as exc:
+                ctx.require(text in str(exc),
+                            expected=f"an error carrying the engine's message {text!r}",
+                            observed=str(exc))
+                return
+            ctx.require(False, expected=f"an error carrying {text!r}",
+                        observed=f"answered {value!r}")
+
+        globals()[f"failure_message_{n}"] = failure_message
+    _make_failure()
+
+
+@case("utility.edges.is_sleeping_non_bool_refused", Level.SHOULD,
+      "is_sleeping answered with a non-boolean (1) by both of 2 engines is refused as a "
+      "malformed answer, not passed on (Rust deserializes a bool; Python passes any value).",
+      source=AGG + "; rust-client.md §1.7 call_utility_consensus::<bool>", needs=CALL)
+async def is_sleeping_non_bool(ctx: CaseContext) -> None:
+    await ctx.start(_engines(2, "is_sleeping", UtilityReply(1)))
+    try:
+        value = await ctx.driver.call_utility("is_sleeping", [])
+    except FrontendError as exc:
+        ctx.note(f"refused: {exc}")
+        return
+    ctx.require(False, expected="an error: is_sleeping answered 1, not a boolean",
+                observed=f"answered {value!r}")
+
+
+# ---------------------------------------------------------------- a silent engine, named
+
+for _n, _silent in ((2, 0), (3, 1)):
+    def _make_silent(n: int = _n, silent: int = _silent) -> None:
+        @case(f"utility.edges.silent_engine_named_{n}", Level.SHOULD,
+              f"A reset_prefix_cache call that engine {silent} of {n} never answers should "
+              f"fail within a bound with an error naming engine {silent} and none of the "
+              "engines that answered (Rust and Python 0.33.0 wait without a bound).",
+              source="rust-client.md §1.7; core_client.py call_utility_async (0.33.0)",
+              needs=[Capability.RESET_PREFIX_CACHE], timeout=40)
+        async def silent_named(ctx: CaseContext) -> None:
+            scripts = [EngineScript(utilities={"reset_prefix_cache": UtilityReply(
+                True, never=rank == silent)}) for rank in range(n)]
+            await ctx.start(scripts)
+            try:
+                value = await asyncio.wait_for(ctx.driver.reset_prefix_cache(), ctx.t(12))
+            except FrontendError as exc:
+                text = str(exc)
+                answered = [r for r in range(n) if r != silent and _names(text, r)]
+                ctx.require(_names(text, silent) and not answered,
+                            expected=f"an error naming engine {silent} only", observed=text)
+                return
+            except asyncio.TimeoutError:
+                ctx.require(False, expected="an error within 12 s",
+                            observed="the call was still pending after 12 s (no bound)")
+                return
+            ctx.require(False, expected=f"an error naming engine {silent}",
+                        observed=f"answered {value!r}")
+
+        globals()[f"silent_named_{n}"] = silent_named
+    _make_silent()
+
+
+def _names(text: str, rank: int) -> bool:
+    """The error names engine `rank` (as 'engine 1', 'engines [0, 1]', 'rank 1'...)."""
+    return bool(re.search(rf"(engine|rank|dp)\w*\W{{0,3}}(\[[\d, ]*)?\b{rank}\b", text,
+                          re.I))
+
+
+# ---------------------------------------------------------------- disagreement, shown
+
+for _method, _values in (("get_weight_version", ["v1", "v1", "cw-v9"]),
+                         ("get_weight_version", ["cw-v9", "v1"])):
+    def _make_disagree(method: str = _method, values: list[Any] = _values) -> None:
+        odd = "cw-v9"
+        n = len(values)
+
+        @case(f"utility.edges.disagreement_shows_values_{n}", Level.MUST,
+              f"When {n} engines disagree on {method} ({values}), the error shows "
+              f"the odd answer {odd!r} (Python: 'Engines returned different {method} "
+              "results: [...]', core_client.py:1316-1319).", source=AGG, needs=CALL)
+        async def disagree_shown(ctx: CaseContext) -> None:
+            await ctx.start([EngineScript(utilities={method: UtilityReply(v)})
+                             for v in values])
+            try:
+                value = await ctx.driver.call_utility(method, [])
+            except FrontendError as exc:
+                ctx.require(odd in str(exc), expected=f"an error showing {odd!r}",
+                            observed=str(exc))
+                return
+            ctx.require(False, expected=f"an error showing {odd!r}",
+                        observed=f"answered {value!r}")
+
+        globals()[f"disagree_shown_{n}"] = disagree_shown
+    _make_disagree()
+
+
+@case("utility.edges.unlisted_method_answered", Level.SHOULD,
+      "A utility method the frontend has no folding rule for (cw_custom_probe, 2 engines "
+      "answering 'cw-custom') should still be answered with engine 0's answer (Python DPLB "
+      "returns engine 0's, core_client.py:1814-1816), not dropped as None.", source=AGG,
+      needs=CALL)
+async def unlisted_method(ctx: CaseContext) -> None:
+    method = "cw_custom_probe"
+    await ctx.start([EngineScript(utilities={method: UtilityReply("cw-custom")})
+                     for _ in range(2)])
+    value = await ctx.driver.call_utility(method, [])
+    ctx.require(value == "cw-custom", expected="'cw-custom' (engine 0's answer)",
+                observed=repr(value))
