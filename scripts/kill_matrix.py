@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS  # noqa: E402
 from harness.report.killmatrix import (  # noqa: E402
     HARMLESS,
+    Kill,
     KillMatrix,
     discover_cases,
     node_id,
@@ -50,30 +51,46 @@ def stabilise(km: KillMatrix, workers: int) -> list[str]:
     return dropped
 
 
+def _kills_of(files: dict[str, str], pairs: list[tuple[str, str]], workers: int
+              ) -> dict[str, dict[str, Kill]]:
+    """Run (mutant, case) pairs; {mutant: {case: kill}} of those that killed."""
+    if not pairs:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="corewire-mutants-") as tmp:
+        results = run_against_mutants(ROOT, sorted({m for m, _ in pairs}), Path(tmp),
+                                      workers=workers, timeout=3600,
+                                      node_ids=[node_id(files[c], c, m) for m, c in pairs])
+    return KillMatrix.from_results(results, sorted({m for m, _ in pairs})).kills
+
+
 def extend_record(known: KillMatrix, workers: int) -> KillMatrix:
-    """The record brought up to today's mutants and cases without the full matrix: only
-    the pairs with something new run; pairs of removed mutants or cases are dropped."""
+    """The record brought up to today's mutants and cases without the full matrix.
+
+    New or unproven mutants and cases (unknown to the record, or a case that caught nothing
+    / a mutant nothing caught: they may have changed) are first tried against each other
+    (a new case usually comes with the mutant that shows it can fail); only what is still
+    unproven is then run against everything. The record keeps every pair found; pairs of
+    removed mutants or cases are dropped. `make mutants` (no --incremental) redoes the
+    full matrix."""
     files = discover_cases(ROOT)
-    # New, and unproven: a case that caught nothing or a mutant nothing caught is run again
-    # against everything (a case or mutant may have changed since the record).
     idle, uncaught = set(known.idle_cases()), set(known.uncaught_mutants())
     new_cases = sorted(c for c in files if c not in set(known.cases) or c in idle)
     new_mutants = sorted(m for m in MUTANTS if m not in known.kills or m in uncaught)
-    node_ids = [node_id(files[c], c, m) for m in new_mutants for c in sorted(files)]
-    node_ids += [node_id(files[c], c, m) for m in sorted(MUTANTS) if m not in new_mutants
-                 for c in new_cases]
-    results = []
-    if node_ids:
-        with tempfile.TemporaryDirectory(prefix="corewire-mutants-") as tmp:
-            results = run_against_mutants(ROOT, sorted(MUTANTS), Path(tmp), workers=workers,
-                                          node_ids=node_ids, timeout=3600)
-    fresh = KillMatrix.from_results(results, list(MUTANTS))
     kills = {m: {c: k for c, k in known.kills.get(m, {}).items() if c in files}
              for m in MUTANTS}
-    for m, killed in fresh.kills.items():
-        kills.setdefault(m, {}).update(killed)
+    first = [(m, c) for m in new_mutants for c in new_cases]
+    for m, killed in _kills_of(files, first, workers).items():
+        kills[m].update(killed)
+    proven_cases = {c for killed in kills.values() for c in killed}
+    tried = set(first)
+    wide = [(m, c) for m in new_mutants if not kills[m] for c in sorted(files)
+            if (m, c) not in tried]
+    wide += [(m, c) for c in new_cases if c not in proven_cases for m in sorted(MUTANTS)
+             if (m, c) not in tried]
+    for m, killed in _kills_of(files, wide, workers).items():
+        kills[m].update(killed)
     print(f"incremental: {len(new_mutants)} new mutants, {len(new_cases)} new cases, "
-          f"{len(node_ids)} pairs run", file=sys.stderr)
+          f"{len(first)} + {len(wide)} pairs run", file=sys.stderr)
     return KillMatrix(kills, sorted(files))
 
 
