@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
+from harness.frontends import mutants_edges_b as eb
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -597,6 +598,23 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("tensors_inline", "large input tensors inlined (no aux frame)", mi.TensorsInline),
     Mutant("tensors_always_aux", "small input tensors sent as aux frames",
            mi.TensorsAlwaysAux),
+    # -- mutation survivors B (cores in mutants_edges_b.py) --
+    Mutant("stop_found_by_truthiness", "a stop string at character 0 is not a match",
+           eb.StopFoundByTruthiness),
+    Mutant("stop_found_last", "text truncated at the last occurrence of a stop string",
+           eb.StopFoundLast),
+    Mutant("stop_buffer_one_short", "stop-string hold-back one character too short",
+           eb.StopBufferOneShort),
+    Mutant("final_chunk_released_early", "held text of a final output released at its "
+           "first token", eb.FinalChunkReleasedAtFirstToken),
+    Mutant("unmatched_final_output_swallowed", "a final output without a stop match never "
+           "ends the stream", eb.UnmatchedFinalOutputSwallowed),
+    Mutant("abort_stops_at_unknown_id", "explicit abort stops at the first unknown id",
+           eb.AbortStopsAtUnknownId),
+    Mutant("session_max_tokens_dropped", "session ADDs carry a default max_tokens",
+           eb.SessionMaxTokensDropped),
+    Mutant("session_rank_ignored", "a session's data_parallel_rank ignored",
+           eb.SessionRankIgnored),
 ]}
 
 

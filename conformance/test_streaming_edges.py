@@ -1,0 +1,114 @@
+"""Stop strings at the edges of the text: where a match starts, how much text is held back.
+
+A frontend matching stop strings holds back the last max(len(stop)) - 1 characters of the
+text (vLLM's stop_buffer_length) so no part of a match is ever released, truncates at the
+EARLIEST occurrence in the new text, and releases everything it held when the engine
+finishes the request without a match. Port authors get the edges wrong: a match starting
+at character 0 (a stop string that includes the leading space), a match completed by a
+single character of the next token, two occurrences inside one token, a match spanning the
+tokens of the engine's final output, and the tail of a stream that never matched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt, request_for
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt
+
+F = m.FinishReason
+STOP_SRC = ("vllm/v1/engine/detokenizer.py (stop_buffer_length = max stop len - 1; "
+            "buffer released when finished); vllm/v1/engine/detokenizer.py check_stop_strings "
+            "(earliest match in the new text, truncated before it)")
+STOP_NEEDS = [Capability.GENERATE, Capability.STOP_STRINGS]
+
+
+@dataclass(frozen=True)
+class EdgeShape:
+    """A stop string against a scripted chunking, with the exact text the client must see."""
+
+    name: str
+    text: str
+    chunks: tuple[tuple[int, ...], ...]
+    final: bool  # the last chunk is the engine's final output (LENGTH)
+    stop: str
+    want_text: str  # the exact text (leading space included)
+    want_tokens: tuple[int, ...]
+    want_reason: str
+
+
+EDGE_SHAPES = [
+    EdgeShape("at_text_start_one_token", "a stop string that starts at the text's first "
+              "character (it includes the leading space) and is completed by the first token",
+              ((100,), (101,), (102,)), False, " t100", "", (100,), "stop"),
+    EdgeShape("at_text_start_two_tokens", "a stop string that starts at the text's first "
+              "character and is completed by the second token", ((100,), (101,), (102,)),
+              False, " t100 t1", "", (100, 101), "stop"),
+    EdgeShape("completed_by_one_char", "a stop string completed by the first character of "
+              "the next token (' ' of ' t101')", ((100,), (101,), (102,)), False, "t100 ",
+              " ", (100, 101), "stop"),
+    EdgeShape("twice_in_one_token", "a stop string that occurs twice inside one token "
+              "(truncated at the earliest)", ((100,), (101,)), False, "0", " t1", (100,),
+              "stop"),
+    EdgeShape("spans_final_chunk", "a stop string spanning two tokens of the engine's "
+              "final multi-token output", ((100,), (101, 102)), True, "t101 t102", " t100 ",
+              (100, 101, 102), "stop"),
+    EdgeShape("never_matched_tail", "a stop string whose prefix ends the stream but never "
+              "completes: the held-back tail is released at the finish",
+              ((100,), (101,), (102,)), True, "t102 t9", " t100 t101 t102", (100, 101, 102),
+              "length"),
+    EdgeShape("never_matched_final_chunk", "a stop string never matched, the engine's final "
+              "output carrying several tokens", ((100,), (101, 102, 103)), True, "t103 t9",
+              " t100 t101 t102 t103", (100, 101, 102, 103), "length"),
+]
+
+
+def _steps(shape: EdgeShape) -> list[Step]:
+    steps: list[Step] = [Emit(list(c), 0.03) for c in shape.chunks]
+    if shape.final:
+        steps[-1] = Finish(F.LENGTH, list(shape.chunks[-1]), 0.03)
+    return steps
+
+
+def _make_edge_case(shape: EdgeShape) -> None:
+    ends = ("exactly one ABORT to its engine" if not shape.final else "no ABORT")
+    @case(f"streaming.stop_edge.{shape.name}", Level.MUST,
+          f"For {shape.text}, the stream ends with {shape.want_reason!r}, the client sees "
+          f"exactly {shape.want_text!r} and tokens {list(shape.want_tokens)}, and {ends}.",
+          source=STOP_SRC, needs=STOP_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, _steps(shape))])])
+        h = await ctx.driver.generate(p, 50, stop=[shape.stop])
+        ended = await ctx.wait_until(lambda: h.ended, 3)
+        ctx.require(ended, expected=f"the stream ends {shape.want_reason!r}",
+                    observed=f"still open after 3 s with text {h.text!r}")
+        ctx.require(h.finish_reason == shape.want_reason and h.error is None,
+                    expected=f"finish_reason {shape.want_reason!r}",
+                    observed=f"{h.finish_reason} error={h.error} tokens={h.tokens}")
+        ctx.require(h.text == shape.want_text,
+                    expected=f"text exactly {shape.want_text!r} (no part of the stop string, "
+                    "nothing held back at the end)", observed=repr(h.text))
+        ctx.require(tuple(h.tokens) == shape.want_tokens,
+                    expected=f"tokens {list(shape.want_tokens)}", observed=h.tokens)
+        found = request_for(group, p)
+        ctx.require(found is not None, expected="the request's ADD", observed="none")
+        assert found is not None
+        if not shape.final:
+            await group.transcript.wait_for(lambda t: found[1] in t.aborted_ids(),
+                                            ctx.t(3))
+        await ctx.quiet(0.2)
+        frames = [(r.rank, r.message.request_ids) for r in group.transcript.abort_frames()]
+        want = [] if shape.final else [(found[0], [found[1]])]
+        ctx.require(frames == want, expected=f"ABORT frames {want}", observed=frames)
+
+    run.__name__ = run.__qualname__ = f"stop_edge_{shape.name}"
+    globals()[run.__name__] = run
+
+
+for _shape in EDGE_SHAPES:
+    _make_edge_case(_shape)

@@ -1,0 +1,131 @@
+"""Mutant reference cores for the edge cases of group B (stop-string edges, explicit abort
+lists, session ADDs): one realistic port bug each, mirroring a mutmut survivor's blind spot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from harness.frontends.driver import StreamHandle
+from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
+from harness.vocab import detokenize
+from harness.wire import messages as m
+
+# ----------------------------------------------------------------- stop-string edges
+
+
+class StopFoundByTruthiness(ReferenceFrontendCore):
+    """`if text.find(stop):` - a match at character 0 counts as 'not found'."""
+
+    def stop_position(self, state: RequestState) -> int:
+        text = state.handle.text + state.held_text
+        found = [pos for pos in (text.find(stop) for stop in state.stop) if pos > 0]
+        return min(found) if found else -1
+
+
+class StopFoundLast(ReferenceFrontendCore):
+    """Truncates at the LAST occurrence of a stop string (rfind) instead of the first."""
+
+    def stop_position(self, state: RequestState) -> int:
+        text = state.handle.text + state.held_text
+        found = [pos for pos in (text.rfind(stop) for stop in state.stop) if pos >= 0]
+        return min(found) if found else -1
+
+
+class StopBufferOneShort(ReferenceFrontendCore):
+    """Holds back len(stop) - 2 characters, one too few: a stop string's first character
+    can be released before the token completing it arrives."""
+
+    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        handle = state.handle
+        keep = max(0, max(len(s) for s in state.stop) - 2)
+        tokens = output.new_token_ids
+        for i, token in enumerate(tokens):
+            state.held_text += detokenize([token])
+            pos = self.stop_position(state)
+            if pos >= 0:
+                text = (handle.text + state.held_text)[len(handle.text):pos]
+                state.held_text = ""
+                handle.add_tokens([token], text)
+                self.end_at_stop(state, engine_finished=output.finished)
+                return True
+            last = output.finished and i == len(tokens) - 1
+            cut = len(state.held_text) if last else max(0, len(state.held_text) - keep)
+            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
+            handle.add_tokens([token], text)
+        return False
+
+
+class FinalChunkReleasedAtFirstToken(ReferenceFrontendCore):
+    """On the engine's final output, releases all held text at the chunk's FIRST token (a
+    port that checks `output.finished` instead of 'last token of the final output')."""
+
+    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        handle = state.handle
+        keep = max(len(s) for s in state.stop) - 1
+        for token in output.new_token_ids:
+            state.held_text += detokenize([token])
+            pos = self.stop_position(state)
+            if pos >= 0:
+                text = (handle.text + state.held_text)[len(handle.text):pos]
+                state.held_text = ""
+                handle.add_tokens([token], text)
+                self.end_at_stop(state, engine_finished=output.finished)
+                return True
+            cut = len(state.held_text) if output.finished else max(
+                0, len(state.held_text) - keep)
+            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
+            handle.add_tokens([token], text)
+        return False
+
+
+class UnmatchedFinalOutputSwallowed(ReferenceFrontendCore):
+    """Treats every output that went through stop-string matching as consumed: a final
+    output without a match never ends the stream."""
+
+    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        super().deliver_until_stop(state, output)
+        return True
+
+
+# ----------------------------------------------------------------- explicit abort lists
+
+
+class AbortStopsAtUnknownId(ReferenceFrontendCore):
+    """Explicit abort stops at the first id it does not know (`break` for `continue`):
+    live ids after a finished or unknown one are never aborted."""
+
+    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+        ids = list(dict.fromkeys(request_ids))
+        known = []
+        for rid in ids:
+            if rid not in self.requests:
+                break
+            known.append(rid)
+        return super().abort(known)
+
+
+# ----------------------------------------------------------------- session ADDs
+
+
+class SessionMaxTokensDropped(ReferenceFrontendCore):
+    """Session ADDs (first segment and continuations) go out without the client's
+    max_tokens: the engine applies its own default."""
+
+    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
+                    resumable: bool) -> Send:
+        identity, frames = super().session_add(rid, prompt, 16, resumable=resumable)
+        return identity, frames
+
+    def open_session(self, prompt: Sequence[int], max_tokens: int, *,
+                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
+        return super().open_session(prompt, 16, data_parallel_rank=data_parallel_rank)
+
+
+class SessionRankIgnored(ReferenceFrontendCore):
+    """A session's first segment is routed as usual, ignoring the client's
+    data_parallel_rank."""
+
+    def open_session(self, prompt: Sequence[int], max_tokens: int, *,
+                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
+        return super().open_session(prompt, max_tokens)
