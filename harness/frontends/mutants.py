@@ -611,6 +611,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "ends the stream", eb.UnmatchedFinalOutputSwallowed),
     Mutant("abort_stops_at_unknown_id", "explicit abort stops at the first unknown id",
            eb.AbortStopsAtUnknownId),
+    Mutant("abort_list_forwarded_whole", "explicit abort forwards unknown ids to an engine",
+           eb.AbortListForwardedWhole),
     Mutant("session_max_tokens_dropped", "session ADDs carry a default max_tokens",
            eb.SessionMaxTokensDropped),
     Mutant("session_rank_ignored", "a session's data_parallel_rank ignored",

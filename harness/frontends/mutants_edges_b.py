@@ -105,6 +105,26 @@ class AbortStopsAtUnknownId(ReferenceFrontendCore):
         return super().abort(known)
 
 
+class AbortListForwardedWhole(ReferenceFrontendCore):
+    """Forwards the ids it does not know along with the live ones, to the engine owning
+    the first live id (a port that filters only for routing, not for the frame)."""
+
+    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+        self._check_alive()
+        ids = list(dict.fromkeys(request_ids))
+        live = [rid for rid in ids if rid in self.requests]
+        if not live:
+            return []
+        first_rank = self.requests[live[0]].rank
+        per_engine: dict[int, list[str]] = {}
+        for rid in live:
+            for rank in self.abort_ranks(self.requests[rid]):
+                per_engine.setdefault(rank, []).append(rid)
+            self._finish(rid, "abort")
+        per_engine.setdefault(first_rank, []).extend(r for r in ids if r not in live)
+        return self.abort_frames(per_engine)
+
+
 # ----------------------------------------------------------------- session ADDs
 
 
