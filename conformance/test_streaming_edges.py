@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability
+from harness.sessionkit import (
+    finish_segment,
+    open_first_segment,
+    scripts,
+    segment_prompt,
+    session_adds,
+)
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt
@@ -112,3 +119,64 @@ def _make_edge_case(shape: EdgeShape) -> None:
 
 for _shape in EDGE_SHAPES:
     _make_edge_case(_shape)
+
+
+# ----------------------------------------------------------------- session ADDs
+
+SESSION_SRC = ("vllm 0.33.0 async_llm.py:649-662 (each streaming-input chunk is an ADD built "
+               "from the session's sampling params, resumable=True, the same request id); "
+               "core_client.py:1760-1762 (session affinity)")
+SESSION_NEEDS = [Capability.STREAMING_INPUT]
+
+
+def _make_session_max_tokens(engines: int, max_tokens: int) -> None:
+    @case(f"streaming.resumable.max_tokens_{max_tokens}_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), a session opened and continued with max_tokens="
+          f"{max_tokens} sends that max_tokens on its first ADD and on its continuation "
+          "(the engine must not fall back to a default length).",
+          source=SESSION_SRC, needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group, max_tokens=max_tokens)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), max_tokens)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        resumable = [a for a in session_adds(group, rid) if a.request.resumable]
+        seen = [a.request.sampling_params.max_tokens if a.request.sampling_params else None
+                for a in resumable]
+        ctx.require(seen == [max_tokens, max_tokens],
+                    expected=f"max_tokens {max_tokens} on the first ADD and the "
+                             "continuation", observed=f"max_tokens of resumable ADDs: {seen}")
+
+    run.__name__ = run.__qualname__ = f"session_max_tokens_{max_tokens}_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    for _max in (3, 7):
+        _make_session_max_tokens(_engines, _max)
+
+
+def _make_session_rank(engines: int, rank: int) -> None:
+    @case(f"streaming.resumable.explicit_rank_{rank}_of_{engines}", Level.MUST,
+          f"With {engines} engines, a session opened with data_parallel_rank={rank} sends "
+          f"its first ADD and its continuation to engine {rank}.",
+          source=SESSION_SRC + "; core_client.py get_core_engine_for_request (explicit "
+          "data_parallel_rank)", needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group, data_parallel_rank=rank)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        ranks = [a.rank for a in session_adds(group, rid)]
+        ctx.require(len(ranks) >= 2 and set(ranks) == {rank},
+                    expected=f"the first ADD and the continuation at engine {rank}",
+                    observed=f"ADDs of the session at engines {ranks}")
+
+    run.__name__ = run.__qualname__ = f"session_rank_{rank}_of_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines, _rank in ((2, 1), (3, 2), (3, 1)):
+    _make_session_rank(_engines, _rank)
