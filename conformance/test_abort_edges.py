@@ -75,3 +75,29 @@ def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
 for _name, _order in ORDERS.items():
     for _engines in (1, 2):
         _make_order_case(_name, _order, _engines)
+
+
+@case("abort.explicit_list.streams_end_abort", Level.MUST,
+      "Streams ended by an explicit abort (live ids on 2 engines, listed after a stale id) "
+      "end with finish_reason 'abort' and no error: the client can tell an abort from a "
+      "completion or a failure.",
+      source="vllm 0.33.0 output_processor.py:637-652 (abort_requests puts a final output "
+             "with FinishReason.ABORT on the request's queue); " + SOURCE, needs=ABORT)
+async def explicit_list_streams_end_abort(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
+    live_prompts = [prompt(i) for i in range(2)]
+    handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
+    for h in handles:
+        await h.wait_first(ctx.t(5))
+    ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
+    ctx.require(ok, expected="both live ADDs at the engines",
+                observed=len(group.transcript.adds()))
+    owners = requests_for(group, live_prompts) or {}
+    await ctx.driver.abort(["no-such-request", *owners])
+    ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    ctx.require(ended, expected="both aborted streams end",
+                observed=[(h.ended, h.finish_reason) for h in handles])
+    seen = [(h.finish_reason, h.error) for h in handles]
+    ctx.require(all(s == ("abort", None) for s in seen),
+                expected="finish_reason 'abort', no error, on both streams",
+                observed=f"(finish_reason, error): {seen}")

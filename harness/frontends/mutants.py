@@ -613,6 +613,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.AbortStopsAtUnknownId),
     Mutant("abort_list_forwarded_whole", "explicit abort forwards unknown ids to an engine",
            eb.AbortListForwardedWhole),
+    Mutant("explicit_abort_no_reason", "explicitly aborted streams end without a finish "
+           "reason", eb.ExplicitAbortEndsWithoutReason),
     Mutant("session_max_tokens_dropped", "session ADDs carry a default max_tokens",
            eb.SessionMaxTokensDropped),
     Mutant("session_rank_ignored", "a session's data_parallel_rank ignored",

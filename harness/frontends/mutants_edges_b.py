@@ -125,6 +125,17 @@ class AbortListForwardedWhole(ReferenceFrontendCore):
         return self.abort_frames(per_engine)
 
 
+class ExplicitAbortEndsWithoutReason(ReferenceFrontendCore):
+    """Ends explicitly aborted streams with no finish reason (the port treats the abort as
+    'the client knows already')."""
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        if reason == "abort" and state is not None and not state.handle.dropped:
+            reason = None
+        super()._finish(rid, reason, error)
+
+
 # ----------------------------------------------------------------- session ADDs
 
 
