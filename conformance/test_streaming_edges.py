@@ -121,6 +121,39 @@ for _shape in EDGE_SHAPES:
     _make_edge_case(_shape)
 
 
+def _make_hold_back(stops: tuple[str, ...]) -> None:
+    hold = max(len(s) for s in stops) - 1
+    full = " t100 t101 t102"
+    want = full[:len(full) - hold]
+    name = "_".join(str(len(s)) for s in stops)
+
+    @case(f"streaming.stop_edge.holds_back_{name}", Level.MUST,
+          f"Mid-stream, with stop strings of lengths {[len(s) for s in stops]} not yet "
+          f"matched, the client has all text but the last {hold} characters (max stop "
+          f"length - 1): {want!r} of {full!r}; nothing more is withheld.",
+          source=STOP_SRC, needs=STOP_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        steps: list[Step] = [Emit([100], 0.02), Emit([101], 0.02), Emit([102], 0.02)]
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        h = await ctx.driver.generate(p, 50, stop=list(stops))
+        await ctx.wait_until(lambda: len(h.tokens) >= 3 and h.text == want, 3)
+        await ctx.quiet(0.2)
+        ctx.require(not h.ended, expected="the stream still open (no stop matched)",
+                    observed=f"ended {h.finish_reason!r} ({h.error})")
+        ctx.require(h.tokens == [100, 101, 102], expected="tokens [100, 101, 102]",
+                    observed=h.tokens)
+        ctx.require(h.text == want, expected=f"text exactly {want!r} ({hold} characters "
+                    "held back)", observed=repr(h.text))
+
+    run.__name__ = run.__qualname__ = f"stop_edge_holds_back_{name}"
+    globals()[run.__name__] = run
+
+
+for _stops in (("zz",), ("zzzzzz",), ("z", "zzzz")):
+    _make_hold_back(_stops)
+
+
 # ----------------------------------------------------------------- session ADDs
 
 SESSION_SRC = ("vllm 0.33.0 async_llm.py:649-662 (each streaming-input chunk is an ADD built "

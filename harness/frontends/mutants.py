@@ -605,6 +605,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.StopFoundLast),
     Mutant("stop_buffer_one_short", "stop-string hold-back one character too short",
            eb.StopBufferOneShort),
+    Mutant("stop_buffer_one_long", "stop-string hold-back one character too long",
+           eb.StopBufferOneLong),
     Mutant("final_chunk_released_early", "held text of a final output released at its "
            "first token", eb.FinalChunkReleasedAtFirstToken),
     Mutant("unmatched_final_output_swallowed", "a final output without a stop match never "

@@ -36,9 +36,11 @@ class StopBufferOneShort(ReferenceFrontendCore):
     """Holds back len(stop) - 2 characters, one too few: a stop string's first character
     can be released before the token completing it arrives."""
 
+    hold_back_extra = -1
+
     def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
         handle = state.handle
-        keep = max(0, max(len(s) for s in state.stop) - 2)
+        keep = max(0, max(len(s) for s in state.stop) - 1 + self.hold_back_extra)
         tokens = output.new_token_ids
         for i, token in enumerate(tokens):
             state.held_text += detokenize([token])
@@ -54,6 +56,12 @@ class StopBufferOneShort(ReferenceFrontendCore):
             text, state.held_text = state.held_text[:cut], state.held_text[cut:]
             handle.add_tokens([token], text)
         return False
+
+
+class StopBufferOneLong(StopBufferOneShort):
+    """Holds back len(stop) characters, one too many: text reaches the client late."""
+
+    hold_back_extra = 1
 
 
 class FinalChunkReleasedAtFirstToken(ReferenceFrontendCore):
