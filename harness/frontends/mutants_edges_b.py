@@ -96,6 +96,17 @@ class UnmatchedFinalOutputSwallowed(ReferenceFrontendCore):
         return True
 
 
+class RetiredStreamClosedSilently(ReferenceFrontendCore):
+    """A request retired by finished_requests without a final output ends with no reason
+    and no error: the client cannot tell it from a clean end."""
+
+    def on_finished_requests(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self.stop_aborts.pop(rid, None)
+            if self.retired_by_engine(rid):
+                self._finish(rid, None)
+
+
 # ----------------------------------------------------------------- explicit abort lists
 
 
