@@ -611,6 +611,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "first token", eb.FinalChunkReleasedAtFirstToken),
     Mutant("unmatched_final_output_swallowed", "a final output without a stop match never "
            "ends the stream", eb.UnmatchedFinalOutputSwallowed),
+    Mutant("retired_stream_closed_silently", "a request retired without a final output ends "
+           "with no reason and no error", eb.RetiredStreamClosedSilently),
     Mutant("abort_stops_at_unknown_id", "explicit abort stops at the first unknown id",
            eb.AbortStopsAtUnknownId),
     Mutant("abort_list_forwarded_whole", "explicit abort forwards unknown ids to an engine",
