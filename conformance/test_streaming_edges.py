@@ -213,3 +213,45 @@ def _make_session_rank(engines: int, rank: int) -> None:
 
 for _engines, _rank in ((2, 1), (3, 2), (3, 1)):
     _make_session_rank(_engines, _rank)
+
+
+def _make_continuation_matches(engines: int) -> None:
+    @case(f"streaming.resumable.continuation_matches_first_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), a session's continuation ADD carries the first ADD's "
+          "sampling (temperature, EOS id, stop token ids) and its external request id and "
+          "client index: the engine continues the same request, not a default one.",
+          source=SESSION_SRC + "; async_llm.py:663 (req.external_req_id = request_id)",
+          needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        adds = [a.request for a in session_adds(group, rid) if a.request.resumable]
+        ctx.require(len(adds) >= 2, expected="the first ADD and the continuation",
+                    observed=f"{len(adds)} resumable ADDs")
+        if len(adds) < 2:
+            return
+        first, cont = adds[0], adds[1]
+
+        def shape(r: m.EngineCoreRequest) -> dict[str, object]:
+            sp = r.sampling_params
+            return {"temperature": sp.temperature if sp else None,
+                    "eos_token_id": sp._eos_token_id if sp else None,
+                    "all_stop_token_ids": sorted(sp._all_stop_token_ids) if sp else None,
+                    "external_req_id": r.external_req_id, "client_index": r.client_index}
+
+        ctx.require(first.external_req_id is not None,
+                    expected="the first ADD names its external request id",
+                    observed=f"external_req_id {first.external_req_id!r}")
+        ctx.require(shape(cont) == shape(first),
+                    expected=f"the continuation like the first ADD: {shape(first)}",
+                    observed=f"continuation: {shape(cont)}")
+
+    run.__name__ = run.__qualname__ = f"continuation_matches_first_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    _make_continuation_matches(_engines)

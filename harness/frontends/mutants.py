@@ -623,6 +623,10 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.SessionMaxTokensDropped),
     Mutant("session_rank_ignored", "a session's data_parallel_rank ignored",
            eb.SessionRankIgnored),
+    Mutant("continuation_default_sampling", "continuations carry default sampling params",
+           eb.ContinuationDefaultSampling),
+    Mutant("continuation_without_external_id", "continuations carry no external_req_id",
+           eb.ContinuationWithoutExternalId),
 ]}
 
 

@@ -4,11 +4,12 @@ lists, session ADDs): one realistic port bug each, mirroring a mutmut survivor's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
 from harness.frontends.driver import StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
-from harness.vocab import detokenize
+from harness.vocab import EOS_TOKEN_ID, detokenize
 from harness.wire import messages as m
 
 # ----------------------------------------------------------------- stop-string edges
@@ -179,3 +180,33 @@ class SessionRankIgnored(ReferenceFrontendCore):
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
                      data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
         return super().open_session(prompt, max_tokens)
+
+
+class ContinuationDefaultSampling(ReferenceFrontendCore):
+    """Continuations are built with a fresh SamplingParams carrying only max_tokens: the
+    session's temperature and EOS/stop token ids are lost after the first segment."""
+
+    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
+                    resumable: bool) -> Send:
+        state = self.requests[rid]
+        request = m.EngineCoreRequest(
+            rid, list(prompt), None, m.SamplingParams(max_tokens=max_tokens), None,
+            time.time(), None, None, None, client_index=self.client_index,
+            current_wave=self.current_wave, resumable=resumable, external_req_id=rid)
+        return self.engines[state.rank].identity, self.codec.encode_add(request)
+
+
+class ContinuationWithoutExternalId(ReferenceFrontendCore):
+    """Continuations leave external_req_id unset (only the first ADD names it)."""
+
+    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
+                    resumable: bool) -> Send:
+        state = self.requests[rid]
+        sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                    _eos_token_id=EOS_TOKEN_ID,
+                                    _all_stop_token_ids={EOS_TOKEN_ID})
+        request = m.EngineCoreRequest(
+            rid, list(prompt), None, sampling, None, time.time(), None, None, None,
+            client_index=self.client_index, current_wave=self.current_wave,
+            resumable=resumable)
+        return self.engines[state.rank].identity, self.codec.encode_add(request)
