@@ -255,3 +255,34 @@ def _make_continuation_matches(engines: int) -> None:
 
 for _engines in (1, 2):
     _make_continuation_matches(_engines)
+
+
+WAVE_SRC = ("vllm/v1/engine/core_client.py:1588-1611 (0.33.0: every ADD stamped with the "
+            "coordinator's newest current_wave); " + SESSION_SRC)
+
+
+@case("streaming.resumable.continuation_carries_new_wave", Level.MUST,
+      "With 2 engines, a session continuation sent after the coordinator published "
+      "current_wave=4 carries current_wave 4 (continuations are stamped like any ADD).",
+      source=WAVE_SRC, needs=SESSION_NEEDS)
+async def continuation_carries_new_wave(ctx: CaseContext) -> None:
+    group = await ctx.start(scripts(2, 1, 2))
+    coordinator = group.coordinator
+    ctx.require(coordinator is not None, expected="a DP group with a mock coordinator",
+                observed="none (harness fault)")
+    assert coordinator is not None
+    handle, rid = await open_first_segment(ctx, group)
+    await finish_segment(ctx, group, handle, rid, 1, 2)
+    coordinator.wave = 4
+    published = await ctx.wait_until(
+        lambda: any(r.message is not None and r.message.current_wave == 4
+                    for r in coordinator.transcript.select(direction="out")), 2)
+    ctx.require(published, expected="the mock coordinator publishes wave 4",
+                observed="no publication (harness fault)")
+    await ctx.quiet(0.3)  # a few publications, every 0.1 s
+    await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+    await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+    waves = [a.request.current_wave for a in session_adds(group, rid)]
+    ctx.require(len(waves) >= 2 and waves[1] == 4,
+                expected="the continuation ADD carries current_wave 4",
+                observed=f"current_wave of the session's ADDs: {waves}")

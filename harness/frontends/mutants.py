@@ -627,6 +627,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.ContinuationDefaultSampling),
     Mutant("continuation_without_external_id", "continuations carry no external_req_id",
            eb.ContinuationWithoutExternalId),
+    Mutant("continuation_wave_unstamped", "continuations carry current_wave 0",
+           eb.ContinuationWaveUnstamped),
 ]}
 
 

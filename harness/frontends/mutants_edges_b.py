@@ -210,3 +210,15 @@ class ContinuationWithoutExternalId(ReferenceFrontendCore):
             client_index=self.client_index, current_wave=self.current_wave,
             resumable=resumable)
         return self.engines[state.rank].identity, self.codec.encode_add(request)
+
+
+class ContinuationWaveUnstamped(ReferenceFrontendCore):
+    """Continuations leave current_wave at its default: only fresh ADDs are stamped."""
+
+    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
+                    resumable: bool) -> Send:
+        wave, self.current_wave = self.current_wave, 0
+        try:
+            return super().session_add(rid, prompt, max_tokens, resumable=resumable)
+        finally:
+            self.current_wave = wave
