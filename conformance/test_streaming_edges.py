@@ -21,11 +21,12 @@ from harness.sessionkit import (
     open_first_segment,
     scripts,
     segment_prompt,
+    segment_tokens,
     session_adds,
 )
 from harness.verdicts import Level, case
 from harness.wire import messages as m
-from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt
+from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
 
 F = m.FinishReason
 STOP_SRC = ("vllm/v1/engine/detokenizer.py (stop_buffer_length = max stop len - 1; "
@@ -286,3 +287,43 @@ async def continuation_carries_new_wave(ctx: CaseContext) -> None:
     ctx.require(len(waves) >= 2 and waves[1] == 4,
                 expected="the continuation ADD carries current_wave 4",
                 observed=f"current_wave of the session's ADDs: {waves}")
+
+
+def _make_segment_failure(kind: m.FinishReason, segment: int) -> None:
+    want = "abort" if kind is F.ABORT else "error"
+    phase = "first_segment" if segment == 0 else "continuation"
+
+    @case(f"streaming.resumable.engine_{want}_ends_session_{phase}", Level.MUST,
+          f"An engine-side {kind.name} finishing a session's {phase.replace('_', ' ')} is "
+          f"not a segment boundary: the client's stream ends {want!r} without waiting for "
+          "the input to close.",
+          source=("vllm 0.33.0 output_processor.py:844-846 (a chunk boundary only for finish "
+                  "reasons other than ABORT and ERROR); " + SESSION_SRC), needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        reasons = [F.LENGTH, F.LENGTH]
+        reasons[segment] = kind
+        rules = [by_prompt(segment_prompt(0, s), stream(segment_tokens(s), 0.01, reasons[s]))
+                 for s in range(2)]
+        group = await ctx.start([EngineScript(rules=list(rules))])
+        handle, rid = await open_first_segment(ctx, group)
+        if segment == 1:
+            await finish_segment(ctx, group, handle, rid, 1, 2)
+            ctx.require(not handle.ended, expected="the stream open after a LENGTH segment",
+                        observed=f"ended {handle.finish_reason!r} ({handle.error})")
+            await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        ended = await ctx.wait_until(lambda: handle.ended, 3)
+        ok = (handle.finish_reason == want and handle.error is None) if want == "abort" else (
+            handle.finish_reason == "error" or (handle.error is not None and
+                                                handle.finish_reason not in
+                                                ("length", "stop", "abort")))
+        ctx.require(ended and ok, expected=f"the session's stream ends {want!r}",
+                    observed=(f"ended {handle.finish_reason!r} error={handle.error}" if ended
+                              else f"still open after 3 s with {handle.tokens}"))
+
+    run.__name__ = run.__qualname__ = f"segment_{want}_{phase}"
+    globals()[run.__name__] = run
+
+
+for _kind in (F.ABORT, F.ERROR):
+    for _segment in (0, 1):
+        _make_segment_failure(_kind, _segment)

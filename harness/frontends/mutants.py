@@ -629,6 +629,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.ContinuationWithoutExternalId),
     Mutant("continuation_wave_unstamped", "continuations carry current_wave 0",
            eb.ContinuationWaveUnstamped),
+    Mutant("session_failure_is_segment_boundary", "an engine ABORT/ERROR of a session's "
+           "segment keeps its stream open", eb.SessionFailureIsSegmentBoundary),
 ]}
 
 

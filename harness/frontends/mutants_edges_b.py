@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from harness.frontends.driver import StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
+from harness.frontends.reference.sessions import SessionState
 from harness.vocab import EOS_TOKEN_ID, detokenize
 from harness.wire import messages as m
 
@@ -222,3 +223,16 @@ class ContinuationWaveUnstamped(ReferenceFrontendCore):
             return super().session_add(rid, prompt, max_tokens, resumable=resumable)
         finally:
             self.current_wave = wave
+
+
+class SessionFailureIsSegmentBoundary(ReferenceFrontendCore):
+    """Every finish of a session's segment is a boundary, engine ABORT and ERROR too: a
+    failed session's stream waits for an input close that may never come."""
+
+    def segment_continues(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        session: SessionState | None = state.session
+        if session is not None and output.finish_reason in (m.FinishReason.ABORT,
+                                                            m.FinishReason.ERROR):
+            session.segments_running = max(0, session.segments_running - 1)
+            return not (session.closing and session.segments_running == 0)
+        return super().segment_continues(state, output)
