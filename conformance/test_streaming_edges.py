@@ -327,3 +327,35 @@ def _make_segment_failure(kind: m.FinishReason, segment: int) -> None:
 for _kind in (F.ABORT, F.ERROR):
     for _segment in (0, 1):
         _make_segment_failure(_kind, _segment)
+
+
+@case("streaming.resumable.close_with_two_segments_in_flight", Level.MUST,
+      "With a continuation sent while the first segment still runs, the first segment's "
+      "finish and then the input's close leave the stream open until the second segment "
+      "finishes: its tokens arrive and the stream ends with its reason, without an ABORT.",
+      source=SESSION_SRC + "; output_processor.py:869-876 (queued input chunks)",
+      needs=SESSION_NEEDS)
+async def close_with_two_segments_in_flight(ctx: CaseContext) -> None:
+    first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.3)]
+    second = [Emit([110], 0.01), Finish(F.LENGTH, [111], 1.0)]
+    group = await ctx.start([EngineScript(rules=[by_prompt(segment_prompt(0, 0), first),
+                                                 by_prompt(segment_prompt(0, 1), second)])])
+    handle, rid = await open_first_segment(ctx, group)
+    await ctx.wait_until(lambda: bool(handle.tokens), 3)
+    await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+    await finish_segment(ctx, group, handle, rid, 1, 2)
+    await ctx.driver.close_session(handle)
+    await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 3, 3)
+    await ctx.quiet(0.1)
+    ctx.require(not handle.ended, expected="the stream open while the second segment runs",
+                observed=f"ended {handle.finish_reason!r} ({handle.error}) with "
+                         f"{handle.tokens} before the second segment finished")
+    await ctx.wait_until(lambda: handle.ended, 3)
+    ctx.require(handle.ended and handle.finish_reason == "length" and handle.error is None
+                and handle.tokens[-2:] == [110, 111],
+                expected="the stream ends 'length' after the second segment's [110, 111]",
+                observed=f"ended={handle.ended} {handle.finish_reason} error={handle.error} "
+                         f"tokens={handle.tokens}")
+    await ctx.quiet(0.2)
+    ctx.require(not group.transcript.aborted_ids(), expected="no ABORT",
+                observed=f"ABORTs {group.transcript.aborted_ids()}")

@@ -631,6 +631,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            eb.ContinuationWaveUnstamped),
     Mutant("session_failure_is_segment_boundary", "an engine ABORT/ERROR of a session's "
            "segment keeps its stream open", eb.SessionFailureIsSegmentBoundary),
+    Mutant("segments_in_flight_not_counted", "a session's running segments tracked as a "
+           "flag, not a count", eb.SegmentsInFlightNotCounted),
 ]}
 
 

@@ -236,3 +236,14 @@ class SessionFailureIsSegmentBoundary(ReferenceFrontendCore):
             session.segments_running = max(0, session.segments_running - 1)
             return not (session.closing and session.segments_running == 0)
         return super().segment_continues(state, output)
+
+
+class SegmentsInFlightNotCounted(ReferenceFrontendCore):
+    """A continuation marks the session 'running' (a flag, not a count): with two segments
+    in flight, the first finish makes a later close end the stream at once."""
+
+    def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
+                         ) -> list[Send]:
+        sends = super().continue_session(rid, prompt, max_tokens)
+        self.open_session_state(rid).segments_running = 1
+        return sends
