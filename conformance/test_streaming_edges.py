@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability
+from harness.frontends.driver import Capability, FrontendError
 from harness.sessionkit import (
     finish_segment,
     open_first_segment,
@@ -359,3 +359,55 @@ async def close_with_two_segments_in_flight(ctx: CaseContext) -> None:
     await ctx.quiet(0.2)
     ctx.require(not group.transcript.aborted_ids(), expected="no ABORT",
                 observed=f"ABORTs {group.transcript.aborted_ids()}")
+
+
+def _make_continuation_rejected(target: str) -> None:
+    what = {"plain_request": "a plain (non-session) request's stream",
+            "closed_input": "a session whose input was closed (its segment still runs)",
+            "ended_session": "a session that has ended"}[target]
+
+    @case(f"streaming.resumable.continuation_rejected_{target}", Level.MUST,
+          f"A continuation of {what} is rejected with a frontend error, and no ADD for it "
+          "reaches any engine.",
+          source=("rust-client.md §1.6 (continuation_without_an_open_session_is_rejected, "
+                  "closing_session_rejects_later_continuations); vllm 0.33.0 "
+                  "async_llm.py:640-690 (input chunks only while the session's generator "
+                  "is open)"), needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        long_first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.8)]
+        rules = [by_prompt(segment_prompt(0, 0),
+                           long_first if target == "closed_input"
+                           else stream(segment_tokens(0), 0.01, F.LENGTH)),
+                 by_prompt(prompt(900), stream([300, 301, 302, 303], 0.2))]
+        group = await ctx.start([EngineScript(rules=rules)])
+        if target == "plain_request":
+            handle = await ctx.driver.generate(prompt(900), 4)
+            await handle.wait_first(ctx.t(3))
+        else:
+            handle, rid = await open_first_segment(ctx, group)
+            await ctx.wait_until(lambda: bool(handle.tokens), 3)
+            await ctx.driver.close_session(handle)
+            if target == "ended_session":
+                await ctx.wait_until(lambda: handle.ended, 3)
+        adds_before = len(group.transcript.adds())
+        try:
+            await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+            raised: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 - any failure is graded below
+            raised = exc
+        ctx.require(isinstance(raised, FrontendError),
+                    expected="a frontend error rejecting the continuation",
+                    observed=("accepted" if raised is None
+                              else f"{type(raised).__name__}: {raised}"))
+        await ctx.quiet(0.2)
+        late = [a.prompt_token_ids for a in group.transcript.adds()[adds_before:]]
+        ctx.require(segment_prompt(0, 1) not in late,
+                    expected="no ADD carrying the rejected continuation",
+                    observed=f"ADDs after the continuation: {late}")
+
+    run.__name__ = run.__qualname__ = f"continuation_rejected_{target}"
+    globals()[run.__name__] = run
+
+
+for _target in ("plain_request", "closed_input", "ended_session"):
+    _make_continuation_rejected(_target)

@@ -633,6 +633,12 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "segment keeps its stream open", eb.SessionFailureIsSegmentBoundary),
     Mutant("segments_in_flight_not_counted", "a session's running segments tracked as a "
            "flag, not a count", eb.SegmentsInFlightNotCounted),
+    Mutant("continuation_after_close_sent", "a continuation after the input's close is "
+           "sent", eb.ContinuationAfterCloseSent),
+    Mutant("continuation_of_any_live_request", "a continuation accepted for a plain "
+           "request", eb.ContinuationOfAnyLiveRequest),
+    Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
+           eb.EndedSessionStillContinuable),
 ]}
 
 

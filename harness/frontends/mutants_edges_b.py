@@ -247,3 +247,55 @@ class SegmentsInFlightNotCounted(ReferenceFrontendCore):
         sends = super().continue_session(rid, prompt, max_tokens)
         self.open_session_state(rid).segments_running = 1
         return sends
+
+
+class ContinuationAfterCloseSent(ReferenceFrontendCore):
+    """Checks only that the id is a session, not that its input is still open: a
+    continuation after the close goes out to the engine."""
+
+    def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
+                         ) -> list[Send]:
+        state = self.requests.get(rid)
+        if state is not None and state.session is not None and state.session.closing:
+            state.session.segments_running += 1
+            return [self.session_add(rid, prompt, max_tokens, resumable=True)]
+        return super().continue_session(rid, prompt, max_tokens)
+
+
+class ContinuationOfAnyLiveRequest(ReferenceFrontendCore):
+    """Accepts a continuation for any live request id, session or not."""
+
+    def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
+                         ) -> list[Send]:
+        state = self.requests.get(rid)
+        if state is not None and state.session is None:
+            return [self.session_add(rid, prompt, max_tokens, resumable=True)]
+        return super().continue_session(rid, prompt, max_tokens)
+
+
+class EndedSessionStillContinuable(ReferenceFrontendCore):
+    """Keeps its own table of sessions that is never cleaned when a session's stream ends:
+    a continuation of an ended session is sent to the engine it lived on."""
+
+    def open_session(self, prompt: Sequence[int], max_tokens: int, *,
+                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
+        handle, send = super().open_session(prompt, max_tokens,
+                                            data_parallel_rank=data_parallel_rank)
+        assert handle.request_id is not None
+        self.__dict__.setdefault("_session_ranks", {})[handle.request_id] = \
+            self.requests[handle.request_id].rank
+        return handle, send
+
+    def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
+                         ) -> list[Send]:
+        ranks: dict[str, int] = self.__dict__.get("_session_ranks", {})
+        if rid not in self.requests and rid in ranks:
+            sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                        _eos_token_id=EOS_TOKEN_ID,
+                                        _all_stop_token_ids={EOS_TOKEN_ID})
+            request = m.EngineCoreRequest(
+                rid, list(prompt), None, sampling, None, time.time(), None, None, None,
+                client_index=self.client_index, current_wave=self.current_wave,
+                resumable=True, external_req_id=rid)
+            return [(self.engines[ranks[rid]].identity, self.codec.encode_add(request))]
+        return super().continue_session(rid, prompt, max_tokens)
