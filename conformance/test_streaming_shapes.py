@@ -208,8 +208,9 @@ def _make_finished_without_output(phase: str, tokens: list[int]) -> None:
         await other.wait(ctx.t(3))
         _require_streams(ctx, [other], [[300, 301, 302]])
         ended = await ctx.wait_until(lambda: h.ended, 2)
-        ctx.require(ended and h.finish_reason not in ("length", "stop", "abort"),
-                    expected=f"the retired stream ends with an error after {tokens}",
+        ctx.require(ended and h.finish_reason == "error" and bool(h.error),
+                    expected=f"the retired stream ends 'error' with an error message after "
+                             f"{tokens}",
                     observed=(f"ended: {h.finish_reason} error={h.error} tokens={h.tokens}"
                               if ended else f"still open after 2 s with {h.tokens}"))
         ctx.require(h.tokens == tokens, expected=f"tokens {tokens} before the error",

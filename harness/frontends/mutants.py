@@ -15,6 +15,7 @@ from typing import Any
 from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
+from harness.frontends import mutants_edges_b as eb
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -636,6 +637,47 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ea.UnexpectedIdentityVague),
     Mutant("handshake_timeout_unnamed", "a handshake timeout names no engine or stage",
            ea.HandshakeTimeoutUnnamed),
+    # -- mutation survivors B (cores in mutants_edges_b.py) --
+    Mutant("stop_found_by_truthiness", "a stop string at character 0 is not a match",
+           eb.StopFoundByTruthiness),
+    Mutant("stop_found_last", "text truncated at the last occurrence of a stop string",
+           eb.StopFoundLast),
+    Mutant("stop_buffer_one_short", "stop-string hold-back one character too short",
+           eb.StopBufferOneShort),
+    Mutant("stop_buffer_one_long", "stop-string hold-back one character too long",
+           eb.StopBufferOneLong),
+    Mutant("final_chunk_released_early", "held text of a final output released at its "
+           "first token", eb.FinalChunkReleasedAtFirstToken),
+    Mutant("unmatched_final_output_swallowed", "a final output without a stop match never "
+           "ends the stream", eb.UnmatchedFinalOutputSwallowed),
+    Mutant("retired_stream_closed_silently", "a request retired without a final output ends "
+           "with no reason and no error", eb.RetiredStreamClosedSilently),
+    Mutant("abort_stops_at_unknown_id", "explicit abort stops at the first unknown id",
+           eb.AbortStopsAtUnknownId),
+    Mutant("abort_list_forwarded_whole", "explicit abort forwards unknown ids to an engine",
+           eb.AbortListForwardedWhole),
+    Mutant("explicit_abort_no_reason", "explicitly aborted streams end without a finish "
+           "reason", eb.ExplicitAbortEndsWithoutReason),
+    Mutant("session_max_tokens_dropped", "session ADDs carry a default max_tokens",
+           eb.SessionMaxTokensDropped),
+    Mutant("session_rank_ignored", "a session's data_parallel_rank ignored",
+           eb.SessionRankIgnored),
+    Mutant("continuation_default_sampling", "continuations carry default sampling params",
+           eb.ContinuationDefaultSampling),
+    Mutant("continuation_without_external_id", "continuations carry no external_req_id",
+           eb.ContinuationWithoutExternalId),
+    Mutant("continuation_wave_unstamped", "continuations carry current_wave 0",
+           eb.ContinuationWaveUnstamped),
+    Mutant("session_failure_is_segment_boundary", "an engine ABORT/ERROR of a session's "
+           "segment keeps its stream open", eb.SessionFailureIsSegmentBoundary),
+    Mutant("segments_in_flight_not_counted", "a session's running segments tracked as a "
+           "flag, not a count", eb.SegmentsInFlightNotCounted),
+    Mutant("continuation_after_close_sent", "a continuation after the input's close is "
+           "sent", eb.ContinuationAfterCloseSent),
+    Mutant("continuation_of_any_live_request", "a continuation accepted for a plain "
+           "request", eb.ContinuationOfAnyLiveRequest),
+    Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
+           eb.EndedSessionStillContinuable),
 ]}
 
 

@@ -1,0 +1,103 @@
+"""Explicit abort lists whose order a port gets wrong.
+
+An explicit abort names ids the frontend may no longer know (finished, already aborted,
+never issued). vLLM's clients skip those per id and still abort every live id of the list,
+wherever it stands in the list and on whichever engine it lives (core_client.py:1751-1758
+groups the live ids per engine; the Rust client's abort filters unknown ids one by one).
+A port that stops at the first unknown id leaves the live ones running on their engines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.case_context import CaseContext
+from harness.casekit import hold, prompt, request_for, requests_for
+from harness.frontends.driver import Capability
+from harness.verdicts import Level, case
+from mock_engines.script import EngineScript, any_request, by_prompt, stream
+
+SOURCE = ("PR #44591; vllm 0.33.0 core_client.py:1751-1758 (abort ids grouped per owning "
+          "engine; unknown ids skipped); rust-client.md §1.3 (abort of unknown ids is a no-op)")
+ABORT = [Capability.GENERATE, Capability.ABORT]
+
+# Where the ids the frontend no longer knows stand in the abort list, relative to the live
+# ones: the live ids must be aborted in every arrangement.
+ORDERS = {
+    "unknown_first": ("unknown", "live0", "live1"),
+    "finished_first": ("finished", "live0", "live1"),
+    "stale_between": ("live0", "finished", "unknown", "live1"),
+    "stale_last": ("live0", "live1", "finished", "unknown"),
+}
+
+
+def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
+    @case(f"abort.explicit_list.{name}_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), an explicit abort of the list {list(order)} (finished "
+          "and never-issued ids mixed in) aborts both live ids exactly once, each at its "
+          "own engine, and nothing else.", source=SOURCE, needs=ABORT)
+    async def run(ctx: CaseContext) -> None:
+        finished_prompt = prompt(50)
+        rules = [by_prompt(finished_prompt, stream([100])), any_request(hold())]
+        group = await ctx.start([EngineScript(rules=list(rules)) for _ in range(engines)])
+        done = await ctx.driver.generate(finished_prompt, 1)
+        await done.wait(ctx.t(3))
+        live_prompts = [prompt(i) for i in range(2)]
+        handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
+        for h in handles:
+            await h.wait_first(ctx.t(5))
+        ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
+        ctx.require(ok, expected="both live ADDs at the engines",
+                    observed=len(group.transcript.adds()))
+        owners = requests_for(group, live_prompts) or {}
+        found_live = [request_for(group, p) for p in live_prompts]
+        live_ids = [f[1] if f else f"missing-{i}" for i, f in enumerate(found_live)]
+        finished = request_for(group, finished_prompt)
+        names = {"live0": live_ids[0], "live1": live_ids[1],
+                 "finished": finished[1] if finished else "finished-unknown",
+                 "unknown": "no-such-request"}
+        await ctx.driver.abort([names[k] for k in order])
+        await ctx.wait_until(lambda: set(owners) <= set(group.transcript.aborted_ids()), 3)
+        await ctx.quiet(0.2)
+        sent = Counter((rid, r.rank) for r in group.transcript.abort_frames()
+                       for rid in r.message.request_ids)
+        want = Counter(owners.items())
+        ctx.require(sent == want, expected=f"each live id once at its owner {sorted(want)}",
+                    observed=f"(id, rank) aborted: {sorted(sent.items())}")
+        ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 2)
+        ctx.require(ended, expected="both aborted streams end",
+                    observed=[(h.finish_reason, h.error) for h in handles])
+
+    run.__name__ = run.__qualname__ = f"explicit_list_{name}_{engines}"
+    globals()[run.__name__] = run
+
+
+for _name, _order in ORDERS.items():
+    for _engines in (1, 2):
+        _make_order_case(_name, _order, _engines)
+
+
+@case("abort.explicit_list.streams_end_abort", Level.MUST,
+      "Streams ended by an explicit abort (live ids on 2 engines, listed after a stale id) "
+      "end with finish_reason 'abort' and no error: the client can tell an abort from a "
+      "completion or a failure.",
+      source="vllm 0.33.0 output_processor.py:637-652 (abort_requests puts a final output "
+             "with FinishReason.ABORT on the request's queue); " + SOURCE, needs=ABORT)
+async def explicit_list_streams_end_abort(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
+    live_prompts = [prompt(i) for i in range(2)]
+    handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
+    for h in handles:
+        await h.wait_first(ctx.t(5))
+    ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
+    ctx.require(ok, expected="both live ADDs at the engines",
+                observed=len(group.transcript.adds()))
+    owners = requests_for(group, live_prompts) or {}
+    await ctx.driver.abort(["no-such-request", *owners])
+    ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    ctx.require(ended, expected="both aborted streams end",
+                observed=[(h.ended, h.finish_reason) for h in handles])
+    seen = [(h.finish_reason, h.error) for h in handles]
+    ctx.require(all(s == ("abort", None) for s in seen),
+                expected="finish_reason 'abort', no error, on both streams",
+                observed=f"(finish_reason, error): {seen}")

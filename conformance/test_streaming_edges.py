@@ -1,0 +1,413 @@
+"""Stop strings at the edges of the text: where a match starts, how much text is held back.
+
+A frontend matching stop strings holds back the last max(len(stop)) - 1 characters of the
+text (vLLM's stop_buffer_length) so no part of a match is ever released, truncates at the
+EARLIEST occurrence in the new text, and releases everything it held when the engine
+finishes the request without a match. Port authors get the edges wrong: a match starting
+at character 0 (a stop string that includes the leading space), a match completed by a
+single character of the next token, two occurrences inside one token, a match spanning the
+tokens of the engine's final output, and the tail of a stream that never matched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt, request_for
+from harness.frontends.driver import Capability, FrontendError
+from harness.sessionkit import (
+    finish_segment,
+    open_first_segment,
+    scripts,
+    segment_prompt,
+    segment_tokens,
+    session_adds,
+)
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
+
+F = m.FinishReason
+STOP_SRC = ("vllm/v1/engine/detokenizer.py (stop_buffer_length = max stop len - 1; "
+            "buffer released when finished); vllm/v1/engine/detokenizer.py check_stop_strings "
+            "(earliest match in the new text, truncated before it)")
+STOP_NEEDS = [Capability.GENERATE, Capability.STOP_STRINGS]
+
+
+@dataclass(frozen=True)
+class EdgeShape:
+    """A stop string against a scripted chunking, with the exact text the client must see."""
+
+    name: str
+    text: str
+    chunks: tuple[tuple[int, ...], ...]
+    final: bool  # the last chunk is the engine's final output (LENGTH)
+    stop: str
+    want_text: str  # the exact text (leading space included)
+    want_tokens: tuple[int, ...]
+    want_reason: str
+
+
+EDGE_SHAPES = [
+    EdgeShape("at_text_start_one_token", "a stop string that starts at the text's first "
+              "character (it includes the leading space) and is completed by the first token",
+              ((100,), (101,), (102,)), False, " t100", "", (100,), "stop"),
+    EdgeShape("at_text_start_two_tokens", "a stop string that starts at the text's first "
+              "character and is completed by the second token", ((100,), (101,), (102,)),
+              False, " t100 t1", "", (100, 101), "stop"),
+    EdgeShape("completed_by_one_char", "a stop string completed by the first character of "
+              "the next token (' ' of ' t101')", ((100,), (101,), (102,)), False, "t100 ",
+              " ", (100, 101), "stop"),
+    EdgeShape("twice_in_one_token", "a stop string that occurs twice inside one token "
+              "(truncated at the earliest)", ((100,), (101,)), False, "0", " t1", (100,),
+              "stop"),
+    EdgeShape("spans_final_chunk", "a stop string spanning two tokens of the engine's "
+              "final multi-token output", ((100,), (101, 102)), True, "t101 t102", " t100 ",
+              (100, 101, 102), "stop"),
+    EdgeShape("never_matched_tail", "a stop string whose prefix ends the stream but never "
+              "completes: the held-back tail is released at the finish",
+              ((100,), (101,), (102,)), True, "t102 t9", " t100 t101 t102", (100, 101, 102),
+              "length"),
+    EdgeShape("never_matched_final_chunk", "a stop string never matched, the engine's final "
+              "output carrying several tokens", ((100,), (101, 102, 103)), True, "t103 t9",
+              " t100 t101 t102 t103", (100, 101, 102, 103), "length"),
+]
+
+
+def _steps(shape: EdgeShape) -> list[Step]:
+    steps: list[Step] = [Emit(list(c), 0.03) for c in shape.chunks]
+    if shape.final:
+        steps[-1] = Finish(F.LENGTH, list(shape.chunks[-1]), 0.03)
+    return steps
+
+
+def _make_edge_case(shape: EdgeShape) -> None:
+    ends = ("exactly one ABORT to its engine" if not shape.final else "no ABORT")
+    @case(f"streaming.stop_edge.{shape.name}", Level.MUST,
+          f"For {shape.text}, the stream ends with {shape.want_reason!r}, the client sees "
+          f"exactly {shape.want_text!r} and tokens {list(shape.want_tokens)}, and {ends}.",
+          source=STOP_SRC, needs=STOP_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, _steps(shape))])])
+        h = await ctx.driver.generate(p, 50, stop=[shape.stop])
+        ended = await ctx.wait_until(lambda: h.ended, 3)
+        ctx.require(ended, expected=f"the stream ends {shape.want_reason!r}",
+                    observed=f"still open after 3 s with text {h.text!r}")
+        ctx.require(h.finish_reason == shape.want_reason and h.error is None,
+                    expected=f"finish_reason {shape.want_reason!r}",
+                    observed=f"{h.finish_reason} error={h.error} tokens={h.tokens}")
+        ctx.require(h.text == shape.want_text,
+                    expected=f"text exactly {shape.want_text!r} (no part of the stop string, "
+                    "nothing held back at the end)", observed=repr(h.text))
+        ctx.require(tuple(h.tokens) == shape.want_tokens,
+                    expected=f"tokens {list(shape.want_tokens)}", observed=h.tokens)
+        found = request_for(group, p)
+        ctx.require(found is not None, expected="the request's ADD", observed="none")
+        assert found is not None
+        if not shape.final:
+            await group.transcript.wait_for(lambda t: found[1] in t.aborted_ids(),
+                                            ctx.t(3))
+        await ctx.quiet(0.2)
+        frames = [(r.rank, r.message.request_ids) for r in group.transcript.abort_frames()]
+        want = [] if shape.final else [(found[0], [found[1]])]
+        ctx.require(frames == want, expected=f"ABORT frames {want}", observed=frames)
+
+    run.__name__ = run.__qualname__ = f"stop_edge_{shape.name}"
+    globals()[run.__name__] = run
+
+
+for _shape in EDGE_SHAPES:
+    _make_edge_case(_shape)
+
+
+def _make_hold_back(stops: tuple[str, ...]) -> None:
+    hold = max(len(s) for s in stops) - 1
+    full = " t100 t101 t102"
+    want = full[:len(full) - hold]
+    name = "_".join(str(len(s)) for s in stops)
+
+    @case(f"streaming.stop_edge.holds_back_{name}", Level.MUST,
+          f"Mid-stream, with stop strings of lengths {[len(s) for s in stops]} not yet "
+          f"matched, the client has all text but the last {hold} characters (max stop "
+          f"length - 1): {want!r} of {full!r}; nothing more is withheld.",
+          source=STOP_SRC, needs=STOP_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        steps: list[Step] = [Emit([100], 0.02), Emit([101], 0.02), Emit([102], 0.02)]
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        h = await ctx.driver.generate(p, 50, stop=list(stops))
+        await ctx.wait_until(lambda: len(h.tokens) >= 3 and h.text == want, 3)
+        await ctx.quiet(0.2)
+        ctx.require(not h.ended, expected="the stream still open (no stop matched)",
+                    observed=f"ended {h.finish_reason!r} ({h.error})")
+        ctx.require(h.tokens == [100, 101, 102], expected="tokens [100, 101, 102]",
+                    observed=h.tokens)
+        ctx.require(h.text == want, expected=f"text exactly {want!r} ({hold} characters "
+                    "held back)", observed=repr(h.text))
+
+    run.__name__ = run.__qualname__ = f"stop_edge_holds_back_{name}"
+    globals()[run.__name__] = run
+
+
+for _stops in (("zz",), ("zzzzzz",), ("z", "zzzz")):
+    _make_hold_back(_stops)
+
+
+# ----------------------------------------------------------------- session ADDs
+
+SESSION_SRC = ("vllm 0.33.0 async_llm.py:649-662 (each streaming-input chunk is an ADD built "
+               "from the session's sampling params, resumable=True, the same request id); "
+               "core_client.py:1760-1762 (session affinity)")
+SESSION_NEEDS = [Capability.STREAMING_INPUT]
+
+
+def _make_session_max_tokens(engines: int, max_tokens: int) -> None:
+    @case(f"streaming.resumable.max_tokens_{max_tokens}_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), a session opened and continued with max_tokens="
+          f"{max_tokens} sends that max_tokens on its first ADD and on its continuation "
+          "(the engine must not fall back to a default length).",
+          source=SESSION_SRC, needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group, max_tokens=max_tokens)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), max_tokens)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        resumable = [a for a in session_adds(group, rid) if a.request.resumable]
+        seen = [a.request.sampling_params.max_tokens if a.request.sampling_params else None
+                for a in resumable]
+        ctx.require(seen == [max_tokens, max_tokens],
+                    expected=f"max_tokens {max_tokens} on the first ADD and the "
+                             "continuation", observed=f"max_tokens of resumable ADDs: {seen}")
+
+    run.__name__ = run.__qualname__ = f"session_max_tokens_{max_tokens}_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    for _max in (3, 7):
+        _make_session_max_tokens(_engines, _max)
+
+
+def _make_session_rank(engines: int, rank: int) -> None:
+    @case(f"streaming.resumable.explicit_rank_{rank}_of_{engines}", Level.MUST,
+          f"With {engines} engines, a session opened with data_parallel_rank={rank} sends "
+          f"its first ADD and its continuation to engine {rank}.",
+          source=SESSION_SRC + "; core_client.py get_core_engine_for_request (explicit "
+          "data_parallel_rank)", needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group, data_parallel_rank=rank)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        ranks = [a.rank for a in session_adds(group, rid)]
+        ctx.require(len(ranks) >= 2 and set(ranks) == {rank},
+                    expected=f"the first ADD and the continuation at engine {rank}",
+                    observed=f"ADDs of the session at engines {ranks}")
+
+    run.__name__ = run.__qualname__ = f"session_rank_{rank}_of_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines, _rank in ((2, 1), (3, 2), (3, 1)):
+    _make_session_rank(_engines, _rank)
+
+
+def _make_continuation_matches(engines: int) -> None:
+    @case(f"streaming.resumable.continuation_matches_first_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), a session's continuation ADD carries the first ADD's "
+          "sampling (temperature, EOS id, stop token ids) and its external request id and "
+          "client index: the engine continues the same request, not a default one.",
+          source=SESSION_SRC + "; async_llm.py:663 (req.external_req_id = request_id)",
+          needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        adds = [a.request for a in session_adds(group, rid) if a.request.resumable]
+        ctx.require(len(adds) >= 2, expected="the first ADD and the continuation",
+                    observed=f"{len(adds)} resumable ADDs")
+        if len(adds) < 2:
+            return
+        first, cont = adds[0], adds[1]
+
+        def shape(r: m.EngineCoreRequest) -> dict[str, object]:
+            sp = r.sampling_params
+            return {"temperature": sp.temperature if sp else None,
+                    "eos_token_id": sp._eos_token_id if sp else None,
+                    "all_stop_token_ids": sorted(sp._all_stop_token_ids) if sp else None,
+                    "external_req_id": r.external_req_id, "client_index": r.client_index}
+
+        ctx.require(first.external_req_id is not None,
+                    expected="the first ADD names its external request id",
+                    observed=f"external_req_id {first.external_req_id!r}")
+        ctx.require(shape(cont) == shape(first),
+                    expected=f"the continuation like the first ADD: {shape(first)}",
+                    observed=f"continuation: {shape(cont)}")
+
+    run.__name__ = run.__qualname__ = f"continuation_matches_first_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    _make_continuation_matches(_engines)
+
+
+WAVE_SRC = ("vllm/v1/engine/core_client.py:1588-1611 (0.33.0: every ADD stamped with the "
+            "coordinator's newest current_wave); " + SESSION_SRC)
+
+
+@case("streaming.resumable.continuation_carries_new_wave", Level.MUST,
+      "With 2 engines, a session continuation sent after the coordinator published "
+      "current_wave=4 carries current_wave 4 (continuations are stamped like any ADD).",
+      source=WAVE_SRC, needs=SESSION_NEEDS)
+async def continuation_carries_new_wave(ctx: CaseContext) -> None:
+    group = await ctx.start(scripts(2, 1, 2))
+    coordinator = group.coordinator
+    ctx.require(coordinator is not None, expected="a DP group with a mock coordinator",
+                observed="none (harness fault)")
+    assert coordinator is not None
+    handle, rid = await open_first_segment(ctx, group)
+    await finish_segment(ctx, group, handle, rid, 1, 2)
+    coordinator.wave = 4
+    published = await ctx.wait_until(
+        lambda: any(r.message is not None and r.message.current_wave == 4
+                    for r in coordinator.transcript.select(direction="out")), 2)
+    ctx.require(published, expected="the mock coordinator publishes wave 4",
+                observed="no publication (harness fault)")
+    await ctx.quiet(0.3)  # a few publications, every 0.1 s
+    await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+    await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+    waves = [a.request.current_wave for a in session_adds(group, rid)]
+    ctx.require(len(waves) >= 2 and waves[1] == 4,
+                expected="the continuation ADD carries current_wave 4",
+                observed=f"current_wave of the session's ADDs: {waves}")
+
+
+def _make_segment_failure(kind: m.FinishReason, segment: int) -> None:
+    want = "abort" if kind is F.ABORT else "error"
+    phase = "first_segment" if segment == 0 else "continuation"
+
+    @case(f"streaming.resumable.engine_{want}_ends_session_{phase}", Level.MUST,
+          f"An engine-side {kind.name} finishing a session's {phase.replace('_', ' ')} is "
+          f"not a segment boundary: the client's stream ends {want!r} without waiting for "
+          "the input to close.",
+          source=("vllm 0.33.0 output_processor.py:844-846 (a chunk boundary only for finish "
+                  "reasons other than ABORT and ERROR); " + SESSION_SRC), needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        reasons = [F.LENGTH, F.LENGTH]
+        reasons[segment] = kind
+        rules = [by_prompt(segment_prompt(0, s), stream(segment_tokens(s), 0.01, reasons[s]))
+                 for s in range(2)]
+        group = await ctx.start([EngineScript(rules=list(rules))])
+        handle, rid = await open_first_segment(ctx, group)
+        if segment == 1:
+            await finish_segment(ctx, group, handle, rid, 1, 2)
+            ctx.require(not handle.ended, expected="the stream open after a LENGTH segment",
+                        observed=f"ended {handle.finish_reason!r} ({handle.error})")
+            await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        ended = await ctx.wait_until(lambda: handle.ended, 3)
+        ok = (handle.finish_reason == want and handle.error is None) if want == "abort" else (
+            handle.finish_reason == "error" or (handle.error is not None and
+                                                handle.finish_reason not in
+                                                ("length", "stop", "abort")))
+        ctx.require(ended and ok, expected=f"the session's stream ends {want!r}",
+                    observed=(f"ended {handle.finish_reason!r} error={handle.error}" if ended
+                              else f"still open after 3 s with {handle.tokens}"))
+
+    run.__name__ = run.__qualname__ = f"segment_{want}_{phase}"
+    globals()[run.__name__] = run
+
+
+for _kind in (F.ABORT, F.ERROR):
+    for _segment in (0, 1):
+        _make_segment_failure(_kind, _segment)
+
+
+@case("streaming.resumable.close_with_two_segments_in_flight", Level.MUST,
+      "With a continuation sent while the first segment still runs, the first segment's "
+      "finish and then the input's close leave the stream open until the second segment "
+      "finishes: its tokens arrive and the stream ends with its reason, without an ABORT.",
+      source=SESSION_SRC + "; output_processor.py:869-876 (queued input chunks)",
+      needs=SESSION_NEEDS)
+async def close_with_two_segments_in_flight(ctx: CaseContext) -> None:
+    first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.3)]
+    second = [Emit([110], 0.01), Finish(F.LENGTH, [111], 1.0)]
+    group = await ctx.start([EngineScript(rules=[by_prompt(segment_prompt(0, 0), first),
+                                                 by_prompt(segment_prompt(0, 1), second)])])
+    handle, rid = await open_first_segment(ctx, group)
+    await ctx.wait_until(lambda: bool(handle.tokens), 3)
+    await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+    await finish_segment(ctx, group, handle, rid, 1, 2)
+    await ctx.driver.close_session(handle)
+    await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 3, 3)
+    await ctx.quiet(0.1)
+    ctx.require(not handle.ended, expected="the stream open while the second segment runs",
+                observed=f"ended {handle.finish_reason!r} ({handle.error}) with "
+                         f"{handle.tokens} before the second segment finished")
+    await ctx.wait_until(lambda: handle.ended, 3)
+    ctx.require(handle.ended and handle.finish_reason == "length" and handle.error is None
+                and handle.tokens[-2:] == [110, 111],
+                expected="the stream ends 'length' after the second segment's [110, 111]",
+                observed=f"ended={handle.ended} {handle.finish_reason} error={handle.error} "
+                         f"tokens={handle.tokens}")
+    await ctx.quiet(0.2)
+    ctx.require(not group.transcript.aborted_ids(), expected="no ABORT",
+                observed=f"ABORTs {group.transcript.aborted_ids()}")
+
+
+def _make_continuation_rejected(target: str) -> None:
+    what = {"plain_request": "a plain (non-session) request's stream",
+            "closed_input": "a session whose input was closed (its segment still runs)",
+            "ended_session": "a session that has ended"}[target]
+
+    @case(f"streaming.resumable.continuation_rejected_{target}", Level.MUST,
+          f"A continuation of {what} is rejected with a frontend error, and no ADD for it "
+          "reaches any engine.",
+          source=("rust-client.md §1.6 (continuation_without_an_open_session_is_rejected, "
+                  "closing_session_rejects_later_continuations); vllm 0.33.0 "
+                  "async_llm.py:640-690 (input chunks only while the session's generator "
+                  "is open)"), needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        long_first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.8)]
+        rules = [by_prompt(segment_prompt(0, 0),
+                           long_first if target == "closed_input"
+                           else stream(segment_tokens(0), 0.01, F.LENGTH)),
+                 by_prompt(prompt(900), stream([300, 301, 302, 303], 0.2))]
+        group = await ctx.start([EngineScript(rules=rules)])
+        if target == "plain_request":
+            handle = await ctx.driver.generate(prompt(900), 4)
+            await handle.wait_first(ctx.t(3))
+        else:
+            handle, rid = await open_first_segment(ctx, group)
+            await ctx.wait_until(lambda: bool(handle.tokens), 3)
+            await ctx.driver.close_session(handle)
+            if target == "ended_session":
+                await ctx.wait_until(lambda: handle.ended, 3)
+        adds_before = len(group.transcript.adds())
+        try:
+            await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+            raised: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 - any failure is graded below
+            raised = exc
+        ctx.require(isinstance(raised, FrontendError),
+                    expected="a frontend error rejecting the continuation",
+                    observed=("accepted" if raised is None
+                              else f"{type(raised).__name__}: {raised}"))
+        await ctx.quiet(0.2)
+        late = [a.prompt_token_ids for a in group.transcript.adds()[adds_before:]]
+        ctx.require(segment_prompt(0, 1) not in late,
+                    expected="no ADD carrying the rejected continuation",
+                    observed=f"ADDs after the continuation: {late}")
+
+    run.__name__ = run.__qualname__ = f"continuation_rejected_{target}"
+    globals()[run.__name__] = run
+
+
+for _target in ("plain_request", "closed_input", "ended_session"):
+    _make_continuation_rejected(_target)
