@@ -141,10 +141,11 @@ def cmd_report() -> int:
     equivalent = load_equivalent()
     info: dict[str, Any] = json.loads(RUN_INFO.read_text()) if RUN_INFO.exists() else {}
     counts = Counter(r.status for r in results)
-    survivors = [r for r in results if r.status not in ("killed", "timeout")]
+    unchecked = [r for r in results if r.status == "not checked"]  # a stopped run
+    survivors = [r for r in results if r.status not in ("killed", "timeout", "not checked")]
     judged_equivalent = [r for r in survivors if r.key in equivalent]
     detected = counts["killed"] + counts["timeout"]
-    scored = len(results) - len(judged_equivalent)
+    scored = len(results) - len(unchecked) - len(judged_equivalent)
     score = 100.0 * detected / scored if scored else 0.0
     stale = sorted(set(equivalent) - {r.key for r in results})
     lines = [
@@ -157,7 +158,8 @@ def cmd_report() -> int:
         "",
         f"**Score: {score:.1f} %** of non-equivalent mutants killed "
         f"({detected} of {scored}; {len(results)} mutants, {len(judged_equivalent)} judged "
-        "equivalent).",
+        "equivalent" + (f", {len(unchecked)} not checked: the run was stopped before "
+                        "them" if unchecked else "") + ").",
         "",
         "| status | mutants |", "|---|---|",
         *(f"| {status} | {n} |" for status, n in sorted(counts.items())),
