@@ -94,6 +94,8 @@ def run_one(root: Path, mutant: SampleMutant, *, find_killer: bool,
         copy = Path(tmp) / "harness"
         shutil.copytree(root / "harness", copy,
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # The harness finds its fixtures (tiny model, LoRA adapter) beside its package.
+        (Path(tmp) / "fixtures").symlink_to(root / "fixtures", target_is_directory=True)
         try:
             patched = apply((root / CORE_PATH).read_text(), mutant)
         except SampleError as exc:
