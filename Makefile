@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test compliance coverage mutants mutation venv venv-vllm chromium lint clean
+.PHONY: conformance test compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -77,6 +77,10 @@ mutants: $(CORE_STAMP)
 MUTMUT_CHILDREN ?= 4
 mutation: $(CORE_STAMP)
 	$(BIN)/python scripts/mutation.py run --children $(MUTMUT_CHILDREN)
+
+# Only the mutants the last `make mutation` left alive, against today's suite.
+mutation-recheck: $(CORE_STAMP)
+	$(BIN)/python scripts/mutation.py recheck --children $(MUTMUT_CHILDREN)
 
 lint: $(CORE_STAMP)
 	$(BIN)/ruff check harness mock_engines conformance tests scripts benchmarks

@@ -1,6 +1,8 @@
 """`make mutation`: mutmut over the reference frontend, killed by the conformance suite.
 
     scripts/mutation.py run      fresh `mutmut run` (timed), then `report` and `sample`
+    scripts/mutation.py recheck  re-run only the mutants the last run did not kill, against
+                                 today's suite (mutmut's cache keeps every other verdict)
     scripts/mutation.py report   docs/mutation.md from the results in mutants/
     scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
 
@@ -117,20 +119,50 @@ def load_equivalent() -> dict[str, str]:
     return {"\n".join([e["function"], *e["change"]]): e["reason"] for e in entries}
 
 
-def cmd_run(children: int) -> int:
-    shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+def _mutmut(children: int, names: list[str]) -> tuple[int, dict[str, Any]]:
+    """One timed `mutmut run` (all mutants, or only `names`); what the report says of it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_HOST_IP="127.0.0.1")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                           str(children)], cwd=ROOT, env=env)
+                           str(children), *names], cwd=ROOT, env=env)
     seconds = time.monotonic() - started
-    RUN_INFO.write_text(json.dumps({"seconds": round(seconds), "children": children,
-                                    "cpus": os.cpu_count(),
-                                    "finished": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                              time.gmtime())}))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
     print(f"mutmut run: {seconds:.0f}s, exit {proc.returncode}")
-    if proc.returncode != 0:
-        return proc.returncode
+    return proc.returncode, {"seconds": round(seconds), "children": children,
+                             "cpus": os.cpu_count(), "commit": commit,
+                             "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def cmd_run(children: int) -> int:
+    shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    code, info = _mutmut(children, [])
+    RUN_INFO.write_text(json.dumps(info))
+    if code != 0:
+        return code
+    return cmd_report() or cmd_sample()
+
+
+def cmd_recheck(children: int) -> int:
+    """Re-run the mutants the last run left alive against today's suite.
+
+    Sound only while the mutated sources are unchanged since that run (mutmut resets the
+    verdicts of any function whose code changed, and re-runs those too) and cases were
+    added, not weakened: a killed mutant stays killed.
+    """
+    if not RUN_INFO.exists():
+        print("no previous run in mutants/: use `scripts/mutation.py run`", file=sys.stderr)
+        return 4
+    equivalent = load_equivalent()
+    alive = [r.name for r in load_results()
+             if r.status not in ("killed", "timeout") and r.key not in equivalent]
+    print(f"recheck: {len(alive)} mutants not killed by the last run")
+    info: dict[str, Any] = json.loads(RUN_INFO.read_text())
+    code, recheck = _mutmut(children, alive)
+    info.setdefault("rechecks", []).append({**recheck, "mutants": len(alive)})
+    RUN_INFO.write_text(json.dumps(info))
+    if code != 0:
+        return code
     return cmd_report() or cmd_sample()
 
 
@@ -167,8 +199,15 @@ def cmd_report() -> int:
     ]
     if info:
         lines += [f"Full run: {info['seconds']} s wall clock with {info['children']} mutmut "
-                  f"children on {info['cpus']} CPUs (finished {info['finished']})."
+                  f"children on {info['cpus']} CPUs (finished {info['finished']}"
+                  + (f", commit {info['commit']}" if info.get("commit") else "") + ")."
                   + (f" {info['note']}" if info.get("note") else ""), ""]
+        for again in info.get("rechecks", []):
+            lines += [f"Recheck (`scripts/mutation.py recheck`): the {again['mutants']} "
+                      f"mutants that run left alive, re-run against the suite of commit "
+                      f"{again['commit']}: {again['seconds']} s (finished {again['finished']}); "
+                      "every other verdict is the full run's (mutated sources unchanged, "
+                      "cases only added).", ""]
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
@@ -269,12 +308,14 @@ def cmd_sample() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "report", "sample"])
+    parser.add_argument("command", choices=["run", "recheck", "report", "sample"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
     args = parser.parse_args()
     if args.command == "run":
         return cmd_run(args.children)
+    if args.command == "recheck":
+        return cmd_recheck(args.children)
     return cmd_report() if args.command == "report" else cmd_sample()
 
 
