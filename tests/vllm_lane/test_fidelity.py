@@ -2,7 +2,7 @@
 
 One scenario (stream a request, four utilities -- one unknown --, abort a live request,
 serve another), run through our reference frontend against (a) an unscripted mock engine and
-(b) the reference engine (vLLM 0.33.0's EngineCoreProc, cpu-stub) with stats logging on
+(b) the vLLM-core engine (vLLM 0.33.0's EngineCoreProc, cpu-stub) with stats logging on
 (`vllm serve`'s default) and off (`--disable-log-stats`). Each transcript is reduced to
 *facets* -- small, named, JSON-rendered observations: ready-response keys and value types,
 utility reply shapes and values, per-output fields, scheduler-stats presence,
@@ -38,15 +38,15 @@ from harness.timing import scaled
 from harness.wire import AbortRequests
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
-from mock_engines.reference import (
-    RecordingProxy,
-    ReferenceEngineError,
-    ReferenceEngineGroup,
-    shutdown_servers,
-)
-from mock_engines.reference.engine_group import SERVER_START_TIMEOUT, engine_server
 from mock_engines.script import EngineScript, by_prompt
 from mock_engines.transcript import Record
+from mock_engines.vllm_core import (
+    RecordingProxy,
+    VllmCoreError,
+    VllmCoreGroup,
+    shutdown_servers,
+)
+from mock_engines.vllm_core.engine_group import SERVER_START_TIMEOUT, engine_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]
 
@@ -81,7 +81,7 @@ def cpu_server(request: pytest.FixtureRequest) -> Iterator[None]:
     request.session.addfinalizer(shutdown_servers)  # before the session's leak check
     try:
         engine_server("cpu-stub").wait_ready(SERVER_START_TIMEOUT)
-    except ReferenceEngineError as exc:
+    except VllmCoreError as exc:
         if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
             pytest.skip(f"vllm is installed but not importable in the engine server: {exc}")
         raise
@@ -342,7 +342,7 @@ def _explain(diff: dict[str, tuple[str, str]], doc: dict[str, tuple[str, str]]) 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mock_matches_real_engine_or_difference_is_documented(variant: str) -> None:
     mock = mock_facets_for(variant)
-    group = ReferenceEngineGroup(step_delay_s=STEP, log_stats=variant == "stats-on")
+    group = VllmCoreGroup(step_delay_s=STEP, log_stats=variant == "stats-on")
     real = facets(run_scenario(group))
     # The scenario itself must have worked on the real engine, or the comparison is moot.
     assert real["abort.engine_serves_next_request"] == "[100, 101]"

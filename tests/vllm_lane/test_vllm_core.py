@@ -1,4 +1,4 @@
-"""The reference engine: vLLM 0.33.0's real engine core (cpu-stub) behind our reference frontend.
+"""The vLLM-core engine: vLLM 0.33.0's real engine core (cpu-stub) behind our reference frontend.
 
 These tests check the adapter, not vLLM: the engine registers through the recording proxy,
 streams, answers utilities, honours a client abort, shows up in the transcript exactly like
@@ -25,21 +25,21 @@ from harness.transport.endpoints import PrivateIpcDir
 from harness.transport.sockets import engine_identity, make_socket
 from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest
 from harness.wire import messages as m
-from mock_engines.reference import (
+from mock_engines.vllm_core import (
     EngineUnavailable,
-    ReferenceEngineError,
-    ReferenceEngineGroup,
+    VllmCoreError,
+    VllmCoreGroup,
     check_available,
     shutdown_servers,
 )
-from mock_engines.reference.engine_group import SERVER_START_TIMEOUT, engine_server
+from mock_engines.vllm_core.engine_group import SERVER_START_TIMEOUT, engine_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]
 
 C = DEFAULT_CODEC
 START_TIMEOUT = scaled(30.0)
 STEP_DELAY = 0.01  # fake forward pass: streams take visible time, aborts land mid-stream
-Body = Callable[[ReferenceDriver, ReferenceEngineGroup], Awaitable[None]]
+Body = Callable[[ReferenceDriver, VllmCoreGroup], Awaitable[None]]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +52,7 @@ def cpu_server(request: pytest.FixtureRequest) -> Iterator[None]:
     request.session.addfinalizer(shutdown_servers)
     try:
         engine_server("cpu-stub").wait_ready(SERVER_START_TIMEOUT)
-    except ReferenceEngineError as exc:
+    except VllmCoreError as exc:
         if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
             pytest.skip(f"vllm is installed but not importable in the engine server: {exc}")
         raise
@@ -60,10 +60,10 @@ def cpu_server(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def run(body: Body, *, step_delay_s: float = STEP_DELAY, log_stats: bool = True) -> None:
-    """Reference frontend + reference engine; `body` runs bounded; both always torn down."""
+    """Reference frontend + vLLM-core engine; `body` runs bounded; both always torn down."""
 
     async def main() -> None:
-        group = ReferenceEngineGroup(step_delay_s=step_delay_s, log_stats=log_stats)
+        group = VllmCoreGroup(step_delay_s=step_delay_s, log_stats=log_stats)
         driver = ReferenceDriver()
         try:
             await driver.start(group, START_TIMEOUT)
@@ -86,7 +86,7 @@ async def until(predicate: Callable[[], bool], timeout: float) -> bool:
 
 
 def test_registers_and_streams_to_completion() -> None:
-    async def body(driver: ReferenceDriver, group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, group: VllmCoreGroup) -> None:
         assert group.wait_registered(1)
         (ready,) = group.transcript.select(channel="ready")
         assert ready.error is None and isinstance(ready.message, m.EngineCoreReadyResponse)
@@ -108,7 +108,7 @@ def test_registers_and_streams_to_completion() -> None:
 
 
 def test_utilities_answered() -> None:
-    async def body(driver: ReferenceDriver, group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, group: VllmCoreGroup) -> None:
         assert await driver.is_sleeping() is False
         assert await driver.reset_prefix_cache() is True
         assert driver.frontend is not None
@@ -129,7 +129,7 @@ def test_utilities_answered() -> None:
 def test_sleep_and_wake_up_reach_the_stub_executor() -> None:
     """vLLM's real sleep path (pause, then executor.sleep) works over the stub worker."""
 
-    async def body(driver: ReferenceDriver, _group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, _group: VllmCoreGroup) -> None:
         assert driver.frontend is not None
         await driver.frontend.call_all("sleep", [1])
         assert await driver.is_sleeping() is True
@@ -143,7 +143,7 @@ def test_sleep_and_wake_up_reach_the_stub_executor() -> None:
 
 
 def test_abort_of_a_live_request() -> None:
-    async def body(driver: ReferenceDriver, group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, group: VllmCoreGroup) -> None:
         live = await driver.generate([5, 6, 7, 8], 10_000)
         await live.wait_first(5)
         assert await until(lambda: len(live.tokens) >= 3, 5)  # mid-stream
@@ -176,7 +176,7 @@ def test_abort_of_a_live_request() -> None:
 
 
 def test_transcript_shows_add_abort_utility() -> None:
-    async def body(driver: ReferenceDriver, group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, group: VllmCoreGroup) -> None:
         live = await driver.generate([5, 6, 7, 8], 10_000)
         await live.wait_first(5)
         assert await driver.is_sleeping() is False
@@ -199,7 +199,7 @@ def test_transcript_shows_add_abort_utility() -> None:
 def test_engine_death_reaches_the_frontend() -> None:
     """Killing the real engine closes its sockets; the proxy mirrors that to the frontend."""
 
-    async def body(driver: ReferenceDriver, group: ReferenceEngineGroup) -> None:
+    async def body(driver: ReferenceDriver, group: VllmCoreGroup) -> None:
         live = await driver.generate([5, 6, 7], 10_000)
         await live.wait_first(5)
         group[0].exit()
@@ -211,7 +211,7 @@ def test_engine_death_reaches_the_frontend() -> None:
 
 def test_engine_process_is_reaped() -> None:
     async def main() -> None:
-        group = ReferenceEngineGroup()
+        group = VllmCoreGroup()
         driver = ReferenceDriver()
         try:
             await driver.start(group, START_TIMEOUT)
@@ -247,7 +247,7 @@ def test_handshake_mode_through_the_proxy() -> None:
     launcher.bind(hs)
     router.bind(inputs)
     pull.bind(outputs)
-    group = ReferenceEngineGroup()
+    group = VllmCoreGroup()
     try:
         group.start_handshake(hs)
         assert launcher.poll(START_TIMEOUT * 1000)
@@ -285,7 +285,7 @@ def test_handshake_mode_through_the_proxy() -> None:
 
 def test_dp_above_one_is_refused_with_a_reason() -> None:
     with pytest.raises(NotImplementedError, match="DP=1"):
-        ReferenceEngineGroup(2)
+        VllmCoreGroup(2)
 
 
 def test_gpu_mode_runs_only_on_a_cuda_machine() -> None:
@@ -298,11 +298,11 @@ def test_gpu_mode_runs_only_on_a_cuda_machine() -> None:
         pytest.skip(str(exc))
     try:
         engine_server("gpu").wait_ready(SERVER_START_TIMEOUT)
-    except ReferenceEngineError as exc:
+    except VllmCoreError as exc:
         pytest.fail(f"GPU engine server failed on a CUDA machine: {exc}")
 
     async def main() -> None:
-        group = ReferenceEngineGroup(mode="gpu")
+        group = VllmCoreGroup(mode="gpu")
         driver = ReferenceDriver()
         try:
             await driver.start(group, float(os.environ.get("COREWIRE_GPU_START_TIMEOUT", 600)))

@@ -1,4 +1,4 @@
-"""`ReferenceEngineGroup`: vLLM's real engine core behind the `EngineGroup` interface.
+"""`VllmCoreGroup`: vLLM's real engine core behind the `EngineGroup` interface.
 
 Where the mock engines say what we believe vLLM 0.33.0 says, this group runs what vLLM
 says: its real `EngineCoreProc` (scheduler, KV cache manager, socket threads, utilities,
@@ -60,8 +60,8 @@ from typing import Any, Literal
 
 from harness.vllm_dist import tiny_model_dir
 from harness.wire import DEFAULT_CODEC, WireCodec
-from mock_engines.reference.proxy import RecordingProxy
 from mock_engines.transcript import MergedTranscript, Record, Transcript
+from mock_engines.vllm_core.proxy import RecordingProxy
 
 Mode = Literal["cpu-stub", "gpu"]
 MODES: tuple[Mode, ...] = ("cpu-stub", "gpu")
@@ -74,7 +74,7 @@ CONTROL_TIMEOUT = 10.0  # an answer from the server to one control message
 LOG_TAIL_BYTES = 4000
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 # Not `-m`: that would import this module twice (as the package's and as __main__).
-_SERVER_MAIN = ("import sys; from mock_engines.reference.engine_group import main; "
+_SERVER_MAIN = ("import sys; from mock_engines.vllm_core.engine_group import main; "
                 "sys.exit(main(sys.argv[1:]))")
 
 
@@ -82,7 +82,7 @@ class EngineUnavailable(RuntimeError):
     """The requested engine cannot run here (e.g. GPU mode without a CUDA device)."""
 
 
-class ReferenceEngineError(RuntimeError):
+class VllmCoreError(RuntimeError):
     """The engine server or a real engine failed (the message carries the log tail)."""
 
 
@@ -156,10 +156,10 @@ class EngineServer:
     def wait_ready(self, timeout: float) -> None:
         """Block until vLLM is imported in the server; raises with the log tail if not."""
         if not self._ready.wait(timeout) and self._failed is None:
-            raise ReferenceEngineError(f"engine server ({self.mode}) not ready within "
+            raise VllmCoreError(f"engine server ({self.mode}) not ready within "
                                        f"{timeout:.0f}s\n{self.log_tail()}")
         if self._failed is not None:
-            raise ReferenceEngineError(f"engine server ({self.mode}) failed: {self._failed}\n"
+            raise VllmCoreError(f"engine server ({self.mode}) failed: {self._failed}\n"
                                        f"{self.log_tail()}")
 
     @property
@@ -223,7 +223,7 @@ class EngineServer:
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._conn is None:
-            raise ReferenceEngineError("engine server is not started")
+            raise VllmCoreError("engine server is not started")
         with self._send_lock:
             self._conn.send_bytes(json.dumps(message).encode())
 
@@ -309,7 +309,7 @@ atexit.register(shutdown_servers)
 def check_available(mode: Mode) -> None:
     """Raise EngineUnavailable (with the reason) when `mode` cannot run here."""
     if mode not in MODES:
-        raise ValueError(f"unknown reference engine mode {mode!r}; one of {MODES}")
+        raise ValueError(f"unknown vLLM-core engine mode {mode!r}; one of {MODES}")
     if mode == "cpu-stub":
         return
     try:
@@ -319,12 +319,12 @@ def check_available(mode: Mode) -> None:
     if not torch.cuda.is_available():
         raise EngineUnavailable(
             f"no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, "
-            f"CUDA build {torch.version.cuda or 'none'}); the GPU reference engine runs "
+            f"CUDA build {torch.version.cuda or 'none'}); the GPU vLLM-core engine runs "
             f"only on a CUDA machine and is never faked")
     model = os.environ.get(ENV_GPU_MODEL)
     if not model:
         raise EngineUnavailable(f"{ENV_GPU_MODEL} is not set: name the (local) model the GPU "
-                                "reference engine should load")
+                                "vLLM-core engine should load")
 
 
 # =====================================================================================
@@ -332,14 +332,14 @@ def check_available(mode: Mode) -> None:
 # =====================================================================================
 
 
-class ReferenceEngine:
+class VllmCoreEngine:
     """One real engine (DP rank) as cases see it: a rank, a transcript, fault hooks.
 
     Faults that a real engine cannot be told to commit are injected by the proxy and
     recorded as such; `exit()` really kills the engine process.
     """
 
-    def __init__(self, rank: int, group: ReferenceEngineGroup) -> None:
+    def __init__(self, rank: int, group: VllmCoreGroup) -> None:
         self.rank = rank
         self._group = group
 
@@ -371,14 +371,14 @@ class ReferenceEngine:
         """SIGKILL the real engine process (its sockets close; nothing is sent)."""
         pid = self.pid
         if pid is None:
-            raise RuntimeError(f"reference engine {self.rank} is not running")
+            raise RuntimeError(f"vLLM-core engine {self.rank} is not running")
         self._group._killed = True
         self.transcript.append(Record(time.monotonic(), self.rank, "out", "fault", (), None,
                                       None, f"engine process {pid} killed (SIGKILL)"))
         _kill_pids([pid])
 
 
-class ReferenceEngineGroup:
+class VllmCoreGroup:
     """The real vLLM engine core (DP=1) behind a recording proxy, as an engine group."""
 
     # What drivers read of any engine group (see mock_engines.group.EngineGroup): the real
@@ -392,7 +392,7 @@ class ReferenceEngineGroup:
                  codec: WireCodec = DEFAULT_CODEC) -> None:
         if engines != 1:
             raise NotImplementedError(
-                "the reference engine group runs one engine (DP=1): a real DP>1 deployment "
+                "the vLLM-core engine group runs one engine (DP=1): a real DP>1 deployment "
                 "needs vLLM's own DP coordinator, whose stats address exists only after "
                 "launch, while drivers read stats_address before they start")
         check_available(mode)
@@ -402,7 +402,7 @@ class ReferenceEngineGroup:
         self.engine_args = dict(engine_args or {})
         self.proxy = RecordingProxy([0], codec=codec)
         self.transcript = MergedTranscript([self.proxy.transcript])
-        self.engines = [ReferenceEngine(0, self)]
+        self.engines = [VllmCoreEngine(0, self)]
         self._server: EngineServer | None = None
         self._launch: _Launch | None = None
         self._killed = False
@@ -412,7 +412,7 @@ class ReferenceEngineGroup:
     def __len__(self) -> int:
         return len(self.engines)
 
-    def __getitem__(self, index: int) -> ReferenceEngine:
+    def __getitem__(self, index: int) -> VllmCoreEngine:
         return self.engines[index]
 
     @property
@@ -465,7 +465,7 @@ class ReferenceEngineGroup:
 
     def _begin(self) -> None:
         if self._launch is not None or self._closed:
-            raise RuntimeError("a reference engine group starts once")
+            raise RuntimeError("a vLLM-core engine group starts once")
 
     def _get_server(self) -> EngineServer:
         if self._server is None:
@@ -491,14 +491,14 @@ class ReferenceEngineGroup:
         out: list[tuple[int, BaseException]] = []
         tail = self._server.log_tail() if self._server is not None else ""
         if self._server is not None and self._server.failed is not None:
-            out.append((0, ReferenceEngineError(f"engine server failed: "
+            out.append((0, VllmCoreError(f"engine server failed: "
                                                 f"{self._server.failed}\n{tail}")))
         launch = self._launch
         if launch is not None and launch.error is not None and not self._closed:
-            out.append((0, ReferenceEngineError(f"engine launch failed: {launch.error}\n"
+            out.append((0, VllmCoreError(f"engine launch failed: {launch.error}\n"
                                                 f"{tail}")))
         if launch is not None and launch.exited and not self._killed:
-            out.append((0, ReferenceEngineError(f"engine process exited unexpectedly: "
+            out.append((0, VllmCoreError(f"engine process exited unexpectedly: "
                                                 f"{launch.exited}\n{tail}")))
         if self.proxy.failure is not None:
             out.append((0, self.proxy.failure))
@@ -530,7 +530,7 @@ class ReferenceEngineGroup:
         if errors:
             raise TimeoutError("; ".join(errors))
 
-    def __enter__(self) -> ReferenceEngineGroup:
+    def __enter__(self) -> VllmCoreGroup:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -606,7 +606,7 @@ class _Server:
         try:
             cfg = self.config(dict(msg.get("engine_args") or {}))
             if self.mode == "cpu-stub":
-                from mock_engines.reference.stub_executor import (
+                from mock_engines.vllm_core.stub_executor import (
                     StubExecutor,
                     stub_additional_config,
                 )
@@ -724,8 +724,8 @@ def _serve(fd: int, mode: Mode) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="corewire reference engine server "
-                                                 "(started by ReferenceEngineGroup)")
+    parser = argparse.ArgumentParser(description="corewire vLLM-core engine server "
+                                                 "(started by VllmCoreGroup)")
     parser.add_argument("--serve", action="store_true", required=True)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--mode", choices=MODES, default="cpu-stub")
@@ -738,5 +738,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["ENV_GPU_MODEL", "MODES", "EngineServer", "EngineUnavailable", "Mode",
-           "ReferenceEngine", "ReferenceEngineError", "ReferenceEngineGroup",
+           "VllmCoreEngine", "VllmCoreError", "VllmCoreGroup",
            "check_available", "engine_server", "shutdown_servers"]

@@ -1,0 +1,20 @@
+"""The vLLM-core engine: vLLM 0.33.0's real engine core behind the mock engines' interface.
+
+`VllmCoreGroup` runs vLLM's own `EngineCoreProc` (on CPU with `StubExecutor`, or on a
+GPU with a real model) behind a `RecordingProxy`, so conformance cases and fidelity checks
+can compare what mock engines do with what vLLM does. Importing this package does not import
+vLLM; only the engine server process (and `stub_executor`) does.
+"""
+
+from mock_engines.vllm_core.engine_group import (
+    EngineUnavailable,
+    VllmCoreEngine,
+    VllmCoreError,
+    VllmCoreGroup,
+    check_available,
+    shutdown_servers,
+)
+from mock_engines.vllm_core.proxy import RecordingProxy
+
+__all__ = ["EngineUnavailable", "RecordingProxy", "VllmCoreEngine", "VllmCoreError",
+           "VllmCoreGroup", "check_available", "shutdown_servers"]
