@@ -43,6 +43,13 @@ class MockEngine:
         self.runner = EngineRunner(self.core, self._ctx, connection)
         self.runner.start()
 
+    def load(self) -> tuple[int, int]:
+        """(waiting, running) for the DP coordinator: the running engine thread's last
+        snapshot (only that thread touches the core), or the script's figures before start."""
+        if self.runner is None:  # nothing live yet: only what the script reports
+            return self.script.reported_load
+        return self.runner.load
+
     def _runner(self) -> EngineRunner:
         if self.runner is None:
             raise RuntimeError(f"mock engine {self.rank} is not started")
@@ -116,7 +123,7 @@ class MockCoordinator:
         self._codec = codec
         self._interval = interval
         self._stop = threading.Event()
-        self._bound = threading.Event()
+        self._sock: zmq.Socket[bytes] | None = None
         self.failure: BaseException | None = None
         self.wave = 0
         self.running: bool | None = None  # None: published as "any engine has live work"
@@ -126,12 +133,19 @@ class MockCoordinator:
         self._thread = threading.Thread(target=self._run, name="mock-dp-coordinator",
                                         daemon=True)
 
-    def start(self, timeout: float = 5.0) -> None:
+    def start(self) -> None:
+        """Bind here, in the caller's thread (binding never blocks), then hand the socket to
+        the publishing thread: a driver on the event loop never waits on a thread."""
+        sock = make_socket(self._ctx, zmq.XPUB)
+        try:
+            sock.bind(self.address)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            self.failure = exc
+            raise RuntimeError(f"mock DP coordinator could not bind {self.address}: "
+                               f"{exc}") from exc
+        self._sock = sock
         self._thread.start()
-        if not self._bound.wait(timeout):
-            raise TimeoutError("mock DP coordinator did not bind in time")
-        if self.failure is not None:
-            raise RuntimeError(f"mock DP coordinator failed: {self.failure}")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -140,15 +154,8 @@ class MockCoordinator:
             raise TimeoutError("mock DP coordinator did not stop in time")
 
     def _run(self) -> None:
-        sock = make_socket(self._ctx, zmq.XPUB)
-        try:
-            sock.bind(self.address)
-        except zmq.ZMQError as exc:
-            self.failure = exc
-            self._bound.set()
-            sock.close(0)
-            return
-        self._bound.set()
+        sock = self._sock  # owned by this thread from here on
+        assert sock is not None
         try:
             next_publish = time.monotonic()
             while not self._stop.is_set():
@@ -165,7 +172,7 @@ class MockCoordinator:
                                                   "coordinator", (raw,), None, None,
                                                   "injected"))
                 if time.monotonic() >= next_publish:
-                    counts = [(w, r, 0.0) for w, r in (e.core.counts() for e in self._engines)]
+                    counts = [(w, r, 0.0) for w, r in (e.load() for e in self._engines)]
                     running = (any(r for _, r, _ in counts) if self.running is None
                                else self.running)
                     update = m.DPStatsUpdate(counts, self.wave, running)

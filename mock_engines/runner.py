@@ -77,6 +77,9 @@ class EngineRunner:
         # Handshake mode with a frontend-owned DP coordinator (addresses from INIT).
         self.init: m.EngineHandshakeMetadata | None = None
         self.coordinator = CoordinatorLink(core)
+        # (waiting, running), refreshed by the engine thread after every step: what other
+        # threads (the mock DP coordinator) read instead of the thread-private core.
+        self.load: tuple[int, int] = core.counts()
         self._thread = threading.Thread(target=self._run, name=f"mock-engine-{core.rank}",
                                         daemon=True)
 
@@ -285,6 +288,7 @@ class EngineRunner:
                 self.coordinator.drain()
             for item in core.poll(monotonic()):
                 self._send(item)
+            self.load = core.counts()
 
     def _ready_now(self) -> dict[Any, int]:
         events: dict[Any, int] = {}

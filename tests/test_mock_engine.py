@@ -620,3 +620,59 @@ def test_stop_leaves_no_threads_and_tmp_dir_removable() -> None:
     finally:
         ipc.cleanup()
     assert not os.path.exists(ipc.path)
+
+
+def test_coordinator_binds_without_waiting_on_its_thread(frontend: FrontendSide) -> None:
+    """Hazard: start() blocked its caller (a driver on the event loop) until the publishing
+    thread had bound. Now the caller binds; here the thread is held back and start() still
+    returns with the address bound (a second bind of it fails)."""
+    addr = frontend.ipc.address("stats")
+    with EngineGroup(2, coordinator_address=addr) as group:
+        coordinator = group.coordinator
+        assert coordinator is not None
+        release = threading.Event()
+        held = threading.Thread(target=release.wait, args=(10.0,), daemon=True)
+        real_thread, coordinator._thread = coordinator._thread, held
+        try:
+            coordinator.start()
+            assert coordinator._sock is not None
+            probe = make_socket(frontend.ctx, zmq.SUB)
+            try:  # the subscription reaches the bound XPUB although no thread serves it
+                probe.setsockopt(zmq.SUBSCRIBE, b"")
+                probe.connect(addr)
+                assert coordinator._sock.poll(5000) == zmq.POLLIN
+            finally:
+                probe.close(0)
+        finally:
+            release.set()
+            held.join(5.0)
+            coordinator._thread = real_thread
+            if coordinator._sock is not None:
+                coordinator._sock.close(0)
+
+
+def test_coordinator_never_reads_an_engine_core_from_its_own_thread(
+        frontend: FrontendSide, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hazard: the coordinator thread called MockEngineCore.counts(), state only the
+    engine's own thread may touch. Now it reads the runner's snapshot."""
+    callers: set[str] = set()
+    real_counts = MockEngineCore.counts
+
+    def counting(core: MockEngineCore) -> tuple[int, int]:
+        callers.add(threading.current_thread().name)
+        return real_counts(core)
+
+    monkeypatch.setattr(MockEngineCore, "counts", counting)
+    addr = frontend.ipc.address("stats")
+    sub = make_socket(frontend.ctx, zmq.SUB)
+    try:
+        with EngineGroup(2, coordinator_address=addr) as group:
+            group.start_bootstrapped(frontend.inputs, frontend.outputs)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(addr)
+            for _ in range(3):  # several publications
+                assert frontend.recv(sub) is not None
+    finally:
+        sub.close(0)
+    assert callers, "counts() was never called"
+    assert not any(name.startswith("mock-dp-coordinator") for name in callers), callers
