@@ -362,3 +362,99 @@ def test_cli_lists_profiles_and_refuses_an_unknown_one() -> None:
     bad = _cli("run", "--profile", "vllm-0.9", "-n", "0", "--report-dir", "/tmp")
     assert bad.returncode == 4
     assert bad.stderr.count("\n") == 1 and "unknown protocol profile 'vllm-0.9'" in bad.stderr
+
+
+# ------------------------------------------------------------------ the generator (offline)
+
+PY_SRC = '''
+from dataclasses import dataclass
+import msgspec
+
+EEP_NOTIFICATION_CALL_ID = -1
+
+
+@dataclass
+class EngineCoreReadyResponse:
+    max_model_len: int
+    dp_stats_address: str | None
+    dtype: str | None = None
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    request_id: str
+    priority: int = 0
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    request_id: str
+    new_token_ids: list[int]
+    events: list[int] | None = None
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, gc=False):
+    call_id: int
+    failure_message: str | None = None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = []
+    timestamp: float = 0.0
+
+
+class EngineCoreRequestType(enum.Enum):
+    ADD = b"\\x00"
+    UTILITY = b"\\x03"
+'''
+
+RS_SRC = '''
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineCoreReadyResponse {
+    /// doc
+    pub max_model_len: u64,
+    pub dp_stats_address: Option<String>,
+    #[serde(default)]
+    pub dtype: Option<ModelDtype>,
+    #[serde(rename = "data_parallel_size")]
+    pub effective_data_parallel_size: u64,
+    #[serde(default)]
+    pub enable_sleep_mode: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize_tuple, Deserialize_tuple, DefaultFromSerde)]
+struct WireEngineCoreOutputs {
+    #[serde(default)]
+    engine_index: u32,
+    outputs: Vec<EngineCoreOutput>,
+}
+'''
+
+
+def test_generator_extracts_layouts_from_source_text() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    try:
+        import gen_profiles as gen
+    finally:
+        sys.path.pop(0)
+    py = gen.extract_python({gen.PY_ENGINE: PY_SRC,
+                             gen.PY_CORE: 'class P:\n    ENGINE_CORE_DEAD = b"DEAD"\n'})
+    outs = py["structs"]["EngineCoreOutputs"]
+    assert [(f["name"], f.get("default"), f.get("default_factory")) for f in outs["fields"]] \
+        == [("engine_index", 0, None), ("outputs", None, "list"), ("timestamp", 0.0, None)]
+    assert outs["options"] == {"array_like": True, "omit_defaults": True, "gc": False}
+    ready = py["structs"]["EngineCoreReadyResponse"]
+    assert ready["kind"] == "dataclass"
+    assert [f["name"] for f in ready["fields"] if f["required"]] == ["max_model_len",
+                                                                    "dp_stats_address"]
+    assert py["request_types"]["UTILITY"]["byte"] == "03"
+    assert py["reserved_call_ids"]["EEP_NOTIFICATION_CALL_ID"]["value"] == -1
+    assert py["engine_dead_sentinel"] == {"value": "DEAD", "source": f"{gen.PY_CORE}:2"}
+    rs_ready = gen._rust_struct(RS_SRC, "x.rs", "EngineCoreReadyResponse")
+    assert rs_ready is not None and not rs_ready["tuple"]
+    assert [(f["name"], f["required"]) for f in rs_ready["fields"]] == [
+        ("max_model_len", True), ("dp_stats_address", False), ("dtype", False),
+        ("data_parallel_size", True), ("enable_sleep_mode", False)]
+    assert rs_ready["fields"][0]["source"] == "x.rs:5"
+    wire = gen._rust_struct(RS_SRC, "x.rs", "WireEngineCoreOutputs")
+    assert wire is not None and wire["tuple"]
+    assert [f["name"] for f in wire["fields"]] == ["engine_index", "outputs"]
