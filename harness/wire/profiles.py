@@ -107,7 +107,9 @@ def layout_of(struct: type[msgspec.Struct], name: str) -> Layout:
     return Layout(name, tuple(specs), "harness/wire/messages.py")
 
 
-def _canonical_layouts() -> dict[str, Layout]:
+@cache
+def _canonical_layouts() -> Mapping[str, Layout]:
+    """Our structs' layouts (resolving their fields is slow: once per process)."""
     return {name: layout_of(struct, name) for name, struct in CANONICAL.items()}
 
 
