@@ -5,7 +5,7 @@ Everything in corewire builds and reads the hand-written structs of harness/wire
 layout of one `ProtocolProfile`, field by field and by name:
 
 * encoding writes exactly the release's fields in the release's order -- an older release's
-  strict decoder (vllm-rs refuses arrays of another length) never sees a newer field, and a
+  strict decoder (vllm-rs refuses extra trailing elements) never sees a newer field, and a
   field the release has but our structs lack gets the release's default;
 * decoding uses msgspec structs defined at run time with the release's fields, defaults and
   required keys (so a release's own rules validate what arrives, and extra trailing elements

@@ -141,7 +141,8 @@ class ProtocolProfile:
         "EXECUTOR_FAILED": b"\x04", "WAKEUP": b"\x05"})
     release_date: str | None = None
     # The Rust client of this release (None: the release has no `rust/`): the ready keys
-    # its serde struct cannot do without, and whether it refuses arrays of another length.
+    # its serde struct cannot do without, and whether its positional structs refuse extra
+    # trailing elements (serde_tuple; a shorter array takes the trailing defaults).
     rust_required_ready_keys: tuple[str, ...] | None = None
     rust_strict_arrays: bool = False
     source: str = "harness/wire/messages.py"
