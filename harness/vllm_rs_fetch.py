@@ -149,15 +149,20 @@ def _release_files(version: str, index: str) -> tuple[str, list[dict[str, object
         url = f"{index}/pypi/vllm/json"
         status, _, body = _get(url)
         if status == 200:
-            releases = _json(url, body).get("releases", {})
-            if version not in releases:
+            releases = _json(url, body).get("releases")
+            if not isinstance(releases, dict) or version not in releases:
                 raise NoSuchRelease(f"vllm {version} is not a release on {index}")
-            return url, list(releases[version])
+            return url, _records(releases[version])
     if status == 404:
         raise NoSuchRelease(f"vllm {version} is not a release on {index}")
     if status != 200:
         raise FetchNetworkError(f"{url}: HTTP {status}")
-    return url, list(_json(url, body).get("urls", []))
+    return url, _records(_json(url, body).get("urls"))
+
+
+def _records(value: object) -> list[dict[str, object]]:
+    """The file records of a release document (anything malformed is skipped)."""
+    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 def _json(url: str, body: bytes) -> dict[str, object]:
