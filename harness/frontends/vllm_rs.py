@@ -65,6 +65,7 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
+from harness.frontends.vllm_rs_releases import INSTALLED, RS_CAPABILITIES, RsRelease
 from harness.frontends.vllm_rs_utilities import (
     RS_PASS_THROUGH,
     LoraAdapters,
@@ -74,7 +75,8 @@ from harness.frontends.vllm_rs_utilities import (
 )
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
-from harness.vllm_dist import tiny_lora_dir, tiny_model_dir, vllm_rs_binary
+from harness.vllm_dist import VLLM_VERSION, tiny_lora_dir, tiny_model_dir, vllm_rs_binary
+from harness.vllm_rs_fetch import release_binary
 from harness.vocab import SPECIAL
 
 if TYPE_CHECKING:
@@ -104,10 +106,14 @@ def _kill_leftovers() -> None:
             proc.wait(TERM_GRACE)
 
 
-@functools.lru_cache(maxsize=1)
-def _binary() -> Path:
-    """Resolving (and maybe fetching) the binary is expensive: once per session."""
-    return vllm_rs_binary()
+@functools.cache
+def _binary(version: str | None = None) -> Path:
+    """Resolving (and maybe fetching) a binary is expensive: once per release per session.
+    None is plain `vllm-rs` (installed vLLM 0.33.0 or $COREWIRE_VLLM_RS); a release of the
+    installed version reuses that binary, any other is fetched from its wheel once."""
+    if version is None or version == VLLM_VERSION:
+        return vllm_rs_binary()
+    return release_binary(version)
 
 
 @functools.lru_cache(maxsize=1)
@@ -254,27 +260,23 @@ class VllmRsDriver(FrontendDriver):
     """Runs `vllm-rs frontend` against the engine group and drives it over HTTP."""
 
     name = "vllm-rs"
-    capabilities: frozenset[Capability] = frozenset({
-        Capability.GENERATE,
-        Capability.DROP,  # closing the HTTP stream is the client going away
-        Capability.ABORT,  # POST /abort_requests (external ids; see abort())
-        Capability.IS_SLEEPING,
-        Capability.RESET_PREFIX_CACHE,
-        Capability.DP_RANK,  # X-data-parallel-rank header
-        Capability.STOP_STRINGS,
-        Capability.MAX_MODEL_LEN,  # /v1/models
-        Capability.BLOCK_SIZE,  # gRPC Control GetServerInfo kv_block_size
-        Capability.NUM_GPU_BLOCKS,  # gRPC Control GetServerInfo total_kv_blocks
-        Capability.REQUEST_ERRORS,  # SSE error event
-        Capability.ENGINE_DEATH,  # surfaces as stream errors / HTTP errors
-        Capability.CALL_UTILITY,  # dev-mode routes (vllm_rs_utilities.ROUTES)
-        Capability.CANCEL_UTILITY,  # the client closes the HTTP connection
-        Capability.CLIENT_REQUEST_ID,  # X-Request-Id
-        Capability.PASS_THROUGH,  # completion-body fields
-    })
+    # DROP: closing the HTTP stream; ABORT: POST /abort_requests (external ids, see abort());
+    # DP_RANK: X-data-parallel-rank; MAX_MODEL_LEN: /v1/models; BLOCK_SIZE, NUM_GPU_BLOCKS:
+    # gRPC Control GetServerInfo; REQUEST_ERRORS: the SSE error event; CALL_UTILITY: dev-mode
+    # routes (vllm_rs_utilities.ROUTES); CANCEL_UTILITY: closing the connection;
+    # CLIENT_REQUEST_ID: X-Request-Id; PASS_THROUGH: completion-body fields. Older releases
+    # lose some (vllm_rs_releases.RsRelease.capabilities).
+    capabilities: frozenset[Capability] = RS_CAPABILITIES
 
-    def __init__(self, extra_args: dict[str, Any] | None = None) -> None:
+    def __init__(self, extra_args: dict[str, Any] | None = None,
+                 release: RsRelease | None = None) -> None:
+        """`release` None: plain `vllm-rs`, the installed 0.33.0 binary."""
         self.extra_args = dict(extra_args or {})
+        self.version = None if release is None else release.version
+        self.release = release or RsRelease(INSTALLED)
+        if release is not None:
+            self.name = f"vllm-rs@{release.version}"
+            self.capabilities = release.capabilities
         self.port: int | None = None
         self.control: ControlClient | None = None  # the gRPC Control service, once started
         self.proc: subprocess.Popen[bytes] | None = None
@@ -290,17 +292,29 @@ class VllmRsDriver(FrontendDriver):
 
     # ------------------------------------------------------------------ process
 
-    def command(self, in_fd: int, out_fd: int, http_fd: int, group: EngineGroup,
+    def command(self, in_fd: int | str, out_fd: int | str, http_fd: int, group: EngineGroup,
                 ready_timeout: int, grpc_fd: int | None = None) -> list[str]:
-        """The exact command line (also what the report quotes)."""
+        """The exact command line (also what the report quotes), in the release's form:
+        `in_fd`/`out_fd` are inherited listener fds (0.32+) or ipc addresses the binary binds
+        itself (before 0.32)."""
         ranks = [e.rank for e in group.engines]
         start = min(ranks)
         args = {"model_tag": _model_dir(), "engine_ready_timeout_secs": ready_timeout,
                 "http_timeout_keep_alive": 5, **self.extra_args}
-        cmd = [str(_binary()), "frontend", "--listen-fd", str(http_fd),
-               "--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd),
-               "--engine-start-index", str(start), "--engine-count", str(len(ranks)),
-               "--data-parallel-size", str(start + len(ranks))]
+        rel = self.release
+        cmd = [str(_binary(self.version)), "frontend", "--listen-fd", str(http_fd)]
+        if rel.listener_fds:
+            cmd += ["--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd)]
+        else:
+            cmd += ["--input-address", str(in_fd), "--output-address", str(out_fd)]
+        if rel.engine_start_index_flag:
+            cmd += ["--engine-start-index", str(start)]
+        elif start != 0:
+            raise UnsupportedOperation(f"vllm-rs {rel.version} has no --engine-start-index "
+                                       f"(from 0.24.0): engine ranks must start at 0")
+        cmd += ["--engine-count", str(len(ranks))]
+        if rel.data_parallel_size_flag:
+            cmd += ["--data-parallel-size", str(start + len(ranks))]
         if grpc_fd is not None:  # the Control service (see vllm_rs_control.py)
             cmd += ["--grpc-listen-fd", str(grpc_fd)]
         if group.stats_address is not None:
@@ -316,19 +330,28 @@ class VllmRsDriver(FrontendDriver):
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")
-        inp, out, http = _unix_listener(in_path), _unix_listener(out_path), _tcp_listener()
-        grpc = _tcp_listener()
-        self._listeners = [inp, out, http, grpc]
+        http = _tcp_listener()
+        self._listeners = [http]
+        in_arg: int | str = "ipc://" + in_path
+        out_arg: int | str = "ipc://" + out_path
+        if self.release.listener_fds:
+            inp, out = _unix_listener(in_path), _unix_listener(out_path)
+            self._listeners += [inp, out]
+            in_arg, out_arg = inp.fileno(), out.fileno()
+        grpc_fd: int | None = None
+        if self.release.grpc_control:
+            grpc = _tcp_listener()
+            self._listeners.append(grpc)
+            self.control = ControlClient(grpc.getsockname()[1])
+            grpc_fd = grpc.fileno()
         self.port = http.getsockname()[1]
-        self.control = ControlClient(grpc.getsockname()[1])
-        fds = [inp.fileno(), out.fileno(), http.fileno(), grpc.fileno()]
+        fds = [sock.fileno() for sock in self._listeners]
         for fd in fds:
             os.set_inheritable(fd, True)
         # Let the binary's own registration timeout fire just before ours, so its reason
         # ("engine input registration timed out after Ns") is in the log we attach.
         ready_timeout = max(1, math.floor(timeout - 0.5))
-        cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout,
-                           grpc.fileno())
+        cmd = self.command(in_arg, out_arg, http.fileno(), group, ready_timeout, grpc_fd)
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
         self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
         env = self._environment()
@@ -349,9 +372,9 @@ class VllmRsDriver(FrontendDriver):
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         handshake_port, self.port = hs.free_tcp_port(), hs.free_tcp_port()
-        cmd = hs.serve_command(str(_binary()), _model_dir(), hs.write_stand_in(self._ipc.path),
-                               handshake_port, self.port, len(group.engines),
-                               max(1, math.floor(timeout - 0.5)))
+        cmd = hs.serve_command(str(_binary(self.version)), _model_dir(),
+                               hs.write_stand_in(self._ipc.path), handshake_port, self.port,
+                               len(group.engines), max(1, math.floor(timeout - 0.5)))
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
         self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
         env = self._environment()
@@ -574,6 +597,9 @@ class VllmRsDriver(FrontendDriver):
         return request_id
 
     async def abort(self, request_ids: Sequence[str]) -> None:
+        if not self.release.abort_route:
+            raise UnsupportedOperation(f"vllm-rs {self.release.version} has no /abort_requests "
+                                       f"(from 0.24.0)")
         ids = list(dict.fromkeys(self._external_id(r) for r in request_ids))
         if not ids:
             return  # an empty list would abort EVERY request the frontend tracks
@@ -591,6 +617,8 @@ class VllmRsDriver(FrontendDriver):
     async def reset_prefix_cache(self, reset_running_requests: bool = False,
                                  reset_connector: bool = False) -> bool:
         """`reset_connector` is the route's `reset_external` query parameter."""
+        if (reason := self.release.missing_route("reset_prefix_cache")) is not None:
+            raise UnsupportedOperation(reason)
         query = {k: "true" for k, v in (("reset_running_requests", reset_running_requests),
                                          ("reset_external", reset_connector)) if v}
         path = "/reset_prefix_cache" + (f"?{urlencode(query)}" if query else "")
@@ -604,6 +632,8 @@ class VllmRsDriver(FrontendDriver):
         """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities);
         get_weight_version is reachable only through the gRPC Control service, add_lora /
         remove_lora through the LoRA adapter routes."""
+        if (reason := self.release.missing_route(method)) is not None:
+            raise UnsupportedOperation(reason)
         if method == "get_weight_version" and self.control is not None and not args:
             return await self.control.weight_version()
         if method == "add_lora":
@@ -620,6 +650,8 @@ class VllmRsDriver(FrontendDriver):
         models = answer.get("data") if isinstance(answer, dict) else None
         lens = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
         max_len = next((v for v in lens if isinstance(v, int)), None)
+        if not self.release.grpc_control:  # block_size, num_gpu_blocks: not observable
+            return ObservedConfig(max_model_len=max_len, block_size=None, num_gpu_blocks=None)
         if self.control is None:
             raise RuntimeError("vllm-rs driver is not started")
         info = await self.control.server_info()
