@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test compliance coverage mutants mutation venv venv-vllm chromium lint clean
+.PHONY: conformance test compliance coverage mutants mutation venv venv-vllm chromium lint clean profiles
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -48,6 +48,11 @@ test: $(VLLM_STAMP) chromium
 	  --frontend reference --frontend reference-subprocess \
 	  --frontend vllm-rs --frontend vllm-py \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/test
+
+# Regenerate fixtures/profiles: one protocol profile per vLLM release 0.22.0 ... 0.33.0, read
+# from each release's sdist (downloaded once into ~/.cache/corewire/sdists; needs the network).
+profiles: $(CORE_STAMP)
+	$(BIN)/python scripts/gen_profiles.py
 
 # Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
 compliance: $(VLLM_STAMP)

@@ -17,6 +17,7 @@ import msgspec
 
 from harness.wire import messages as m
 from harness.wire.errors import ProtocolError
+from harness.wire.layout import ReleaseLayout
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 
 Frame = bytes | bytearray | memoryview
@@ -47,6 +48,10 @@ EngineOutput = m.EngineCoreOutputs | EngineDead
 class WireCodec:
     """Encoders and decoders bound to one `ProtocolProfile`.
 
+    The profile decides the bytes both ways: a profile whose layouts equal our structs
+    encodes and decodes them directly; any other goes through its `ReleaseLayout`, so an
+    engine speaking vllm-0.22.1 writes 13-element outputs and reads 20-element requests.
+
     Thread-safe: the only per-call state (aux frames of large arrays) lives in a
     thread-local, so engines running in threads may share one instance.
     """
@@ -56,9 +61,18 @@ class WireCodec:
         self._local = threading.local()
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         hooks: dict[str, Any] = {"dec_hook": self._dec_hook, "ext_hook": self._ext_hook}
-        self._dec_request: _Dec[m.EngineCoreRequest] = _Dec(profile.request_type, **hooks)
-        self._dec_outputs: _Dec[m.EngineCoreOutputs] = _Dec(profile.outputs_type, **hooks)
-        self._dec_ready: _Dec[m.EngineCoreReadyResponse] = _Dec(profile.ready_type, **hooks)
+        self._release: ReleaseLayout | None = None
+        request_t: type[Any] = profile.request_type
+        outputs_t: type[Any] = profile.outputs_type
+        ready_t: type[Any] = profile.ready_type
+        if not profile.is_canonical:
+            self._release = ReleaseLayout(profile)
+            request_t = self._release.request_struct
+            outputs_t = self._release.outputs_struct
+            ready_t = self._release.ready_struct
+        self._dec_request: _Dec[Any] = _Dec(request_t, **hooks)
+        self._dec_outputs: _Dec[Any] = _Dec(outputs_t, **hooks)
+        self._dec_ready: _Dec[Any] = _Dec(ready_t, **hooks)
         self._dec_abort: _Dec[list[str]] = _Dec(list[str], **hooks)
         self._dec_utility: _Dec[m.UtilityRequest] = _Dec(m.UtilityRequest, **hooks)
         self._dec_wave: _Dec[m.StartDPWave] = _Dec(m.StartDPWave, **hooks)
@@ -135,7 +149,8 @@ class WireCodec:
     # ------------------------------------------------------- frontend -> engine
 
     def encode_add(self, request: m.EngineCoreRequest) -> list[bytes]:
-        return [m.RequestType.ADD.value, *self._encode(request)]
+        payload: Any = request if self._release is None else self._release.request_array(request)
+        return [m.RequestType.ADD.value, *self._encode(payload)]
 
     def encode_abort(self, request_ids: Sequence[str]) -> list[bytes]:
         return [m.RequestType.ABORT.value, self._encoder.encode(list(request_ids))]
@@ -162,7 +177,10 @@ class WireCodec:
                                 f"{type_frame[:8].hex() or '<empty>'}", frames) from None
         body = frames[1:]
         if rtype is m.RequestType.ADD:
-            request = self._decode(self._dec_request, body, "add_payload", frames)
+            request: m.EngineCoreRequest = self._decode(self._dec_request, body, "add_payload",
+                                                        frames)
+            if self._release is not None:
+                request = self._release.request_from(request)
             if request.sampling_params is None and request.pooling_params is None:
                 raise ProtocolError("add_payload", "request has neither sampling_params "
                                     "nor pooling_params", frames)
@@ -176,6 +194,8 @@ class WireCodec:
     # ------------------------------------------------------- engine -> frontend
 
     def encode_outputs(self, outputs: m.EngineCoreOutputs) -> list[bytes]:
+        if self._release is not None:
+            return self._encode(self._release.outputs_array(outputs))
         return self._encode(outputs)
 
     def encode_engine_dead(self) -> list[bytes]:
@@ -187,7 +207,9 @@ class WireCodec:
             raise ProtocolError("frame_count", "empty message", frames)
         if len(frames) == 1 and bytes(frames[0]) == self.profile.engine_dead_sentinel:
             return EngineDead()
-        outs = self._decode(self._dec_outputs, frames, "outputs_payload")
+        outs: m.EngineCoreOutputs = self._decode(self._dec_outputs, frames, "outputs_payload")
+        if self._release is not None:
+            outs = self._release.outputs_from(outs)
         util = outs.utility_output
         if util is not None:
             if util.failure_message is None and util.result is None:
@@ -201,13 +223,36 @@ class WireCodec:
     # ------------------------------------------------------------ registration
 
     def encode_ready(self, response: m.EngineCoreReadyResponse | None) -> bytes:
-        """The ready frame; `None` sends the empty payload ("no config to sync")."""
-        return b"" if response is None else self._encoder.encode(response)
+        """The ready frame; `None` sends the empty payload ("no config to sync").
+
+        Under an older profile only that release's keys go out, in its order."""
+        if response is None:
+            return b""
+        if self._release is not None:
+            return self._encoder.encode(self._release.ready_map(response))
+        return self._encoder.encode(response)
 
     def decode_ready(self, payload: Frame) -> m.EngineCoreReadyResponse | None:
+        """Our ready struct; a release whose keys cannot fill it is a ProtocolError here
+        (`decode_ready_message` returns that release's own struct instead)."""
+        message = self.decode_ready_message(payload)
+        if message is None:
+            return None
+        if self._release is None:
+            assert isinstance(message, m.EngineCoreReadyResponse)
+            return message
+        ready = self._release.ready_from(message)
+        if ready is None:
+            raise ProtocolError("ready_payload", f"a {self.profile.name} ready response lacks "
+                                "keys corewire's ready struct requires", [payload])
+        return ready
+
+    def decode_ready_message(self, payload: Frame) -> msgspec.Struct | None:
+        """The ready response as the profile's release defines it (its keys only)."""
         if len(payload) == 0:
             return None
-        return self._decode(self._dec_ready, [payload], "ready_payload")
+        message: msgspec.Struct = self._decode(self._dec_ready, [payload], "ready_payload")
+        return message
 
     # ------------------------------------------------------------ any message
 
@@ -308,7 +353,8 @@ _TOP_LEVEL = (m.EngineCoreOutputs, m.UtilityRequest, m.StartDPWave, m.EngineCore
 
 
 def _is_top(message: msgspec.Struct) -> bool:
-    return isinstance(message, _TOP_LEVEL)
+    # A release's own ready struct (harness/wire/layout.py) is named like ours.
+    return isinstance(message, _TOP_LEVEL) or type(message).__name__ == "EngineCoreReadyResponse"
 
 
 DEFAULT_CODEC = WireCodec()
