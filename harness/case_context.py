@@ -27,6 +27,7 @@ from harness.frontends.driver import (
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict, grade_unmet
+from harness.wire import DEFAULT_CODEC, WireCodec
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 
@@ -76,7 +77,9 @@ class CaseContext:
             else list(scripts)
         coordinator = (self._ipc.address("dp-stats") if len(scripts) > 1 and not coordinated
                        else None)
-        self.group = EngineGroup(scripts, coordinator_address=coordinator,
+        profile = self.driver.engine_profile()
+        codec = DEFAULT_CODEC if profile is None else WireCodec(profile)
+        self.group = EngineGroup(scripts, codec=codec, coordinator_address=coordinator,
                                  rank_offset=rank_offset)
         self.group.handshake = handshake or coordinated
         self.group.coordinated = coordinated

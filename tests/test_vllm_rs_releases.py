@@ -55,6 +55,8 @@ def test_spec_parser() -> None:
     assert release_of("vllm-rs@0.22.1") == RsRelease("0.22.1")
     with pytest.raises(ReleaseSpecError, match="0.21.0 ships no Rust frontend"):
         check_spec("vllm-rs@0.21.0")
+    with pytest.raises(ReleaseSpecError, match="no protocol profile for vllm 0.99.0"):
+        check_spec("vllm-rs@0.99.0")
     with pytest.raises(ValueError, match="not a vLLM release number"):
         check_spec("vllm-rs@latest")
     driver = make_driver("vllm-rs@0.22.1")

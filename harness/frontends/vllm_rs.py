@@ -78,6 +78,7 @@ from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import VLLM_VERSION, tiny_lora_dir, tiny_model_dir, vllm_rs_binary
 from harness.vllm_rs_fetch import release_binary
 from harness.vocab import SPECIAL
+from harness.wire.profiles import ProtocolProfile, profile_for_release
 
 if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
@@ -289,6 +290,10 @@ class VllmRsDriver(FrontendDriver):
         self._tag = uuid.uuid4().hex[:8]
         self._seq = itertools.count()
         self._lora = LoraAdapters(str(tiny_lora_dir()))  # add_lora / remove_lora
+
+    def engine_profile(self) -> ProtocolProfile | None:
+        """A release's own protocol: its Rust decoder refuses arrays of any other length."""
+        return None if self.version is None else profile_for_release(self.version)
 
     # ------------------------------------------------------------------ process
 

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from harness.frontends.driver import ALL_CAPABILITIES, Capability
+from harness.wire.profiles import profile_names
 
 PREFIX = "vllm-rs@"
 FIRST = (0, 22, 0)  # the first release whose wheel ships vllm/vllm-rs
@@ -140,14 +141,17 @@ class RsRelease:
 
 def release_of(spec: str) -> RsRelease | None:
     """The release a `vllm-rs@X` spec names (None for any other spec); ReleaseSpecError if
-    X is malformed or older than the first release with a Rust frontend. Releases after the
-    installed one are accepted and driven like the newest known one."""
+    X is malformed, older than the first release with a Rust frontend, or has no protocol
+    profile (fixtures/profiles: `make profiles` adds a new release)."""
     if not spec.startswith(PREFIX):
         return None
     version = spec[len(PREFIX):].strip()
     if parse_version(version) < FIRST:
         raise ReleaseSpecError(f"vllm {version} ships no Rust frontend; vllm-rs exists from "
                                f"0.22.0 (releases: {', '.join(RELEASES)})")
+    if f"vllm-{version}" not in profile_names():
+        raise ReleaseSpecError(f"no protocol profile for vllm {version} (known: "
+                               f"{', '.join(RELEASES)}); generate one with `make profiles`")
     return RsRelease(version)
 
 
