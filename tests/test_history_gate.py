@@ -37,20 +37,24 @@ PR_44591 = {"abort.burst.shares_frame": ("NON-STRICT", "PASS")}
 SANITY = {"dp.is_sleeping.all_false": ("PASS", "PASS"),
           "abort.burst.exactly_once": ("PASS", "PASS")}
 EXPECTED = {**PR_43429, **PR_44591, **SANITY}
+# Batching is timing: 0.23.0 put >= 2 ids in one frame in 2-3 of 6 bursts per run under load
+# (measured: 3 runs), so one run misses with ~5 %; 0.22.1 never can (one Abort per id). The
+# fixed release gets up to this many runs of the abort case; the old one must miss in each.
+ABORT_TRIES = 3
 
 
-def _run(report_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    selection = " or ".join(EXPECTED)
+def _run(report_dir: Path, selection: str, versions: tuple[str, ...]
+         ) -> dict[tuple[str, str], dict[str, Any]]:
     argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-n", "0",
-            "-p", "no:cacheprovider", "-k", selection, "--report-dir", str(report_dir),
-            "--frontend", f"vllm-rs@{OLD}", "--frontend", f"vllm-rs@{FIXED}"]
+            "-p", "no:cacheprovider", "-k", selection, "--report-dir", str(report_dir)]
+    for version in versions:
+        argv += ["--frontend", f"vllm-rs@{version}"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_HOST_IP": "127.0.0.1"})
     results = report_dir / "results.json"
     assert results.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(results.read_text())
-    rows = doc["results"] if isinstance(doc, dict) else doc
-    return {(r["id"], r["frontend"]): r for r in rows}
+    return {(r["id"], r["frontend"]): r for r in doc["results"]}
 
 
 @pytest.mark.timeout(600)
@@ -60,7 +64,15 @@ def test_history_gate(tmp_path: Path) -> None:
             release_binary(version)
     except FetchNetworkError as exc:
         pytest.skip(f"cannot fetch the vllm-rs binaries of {OLD} and {FIXED}: {exc}")
-    got = _run(tmp_path)
+    got = _run(tmp_path / "run-0", " or ".join(EXPECTED), (OLD, FIXED))
+    abort_case = "abort.burst.shares_frame"
+    for attempt in range(1, ABORT_TRIES):
+        if got.get((abort_case, f"vllm-rs@{FIXED}"), {}).get("verdict") == "PASS":
+            break
+        again = _run(tmp_path / f"run-{attempt}", abort_case, (OLD, FIXED))
+        old = again[(abort_case, f"vllm-rs@{OLD}")]
+        assert old["verdict"] == "NON-STRICT", f"{OLD} batched an abort: {old['evidence']}"
+        got[(abort_case, f"vllm-rs@{FIXED}")] = again[(abort_case, f"vllm-rs@{FIXED}")]
     wrong = []
     for case_id, verdicts in EXPECTED.items():
         for version, want in zip((OLD, FIXED), verdicts, strict=True):
