@@ -25,9 +25,11 @@ Cases that need the frontend to own HELLO / INIT / READY (`group.handshake`) run
 instead, the Rust HandshakeOwner transport, with a stand-in for its managed Python engine
 (vllm_rs_handshake.py); the HTTP surface is the same.
 
-The HTTP client is a small hand-written asyncio HTTP/1.1 client (one connection per request,
-`Connection: close`, chunked or sized bodies): no dependency, and a dropped stream is simply
-its socket being closed.
+The HTTP client is a small hand-written asyncio HTTP/1.1 client (vllm_rs_http.py).
+
+`vllm-rs@X` runs the binary of vLLM release X instead (fetched once, vllm_rs_fetch.py), with
+that release's command line and capabilities (vllm_rs_releases.py) and mock engines speaking
+its protocol profile (engine_profile()).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import subprocess
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,7 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
+from harness.frontends.vllm_rs_http import HttpError, HttpResponse, http_request
 from harness.frontends.vllm_rs_releases import INSTALLED, RS_CAPABILITIES, RsRelease
 from harness.frontends.vllm_rs_utilities import (
     RS_PASS_THROUGH,
@@ -88,7 +91,6 @@ DIAGNOSTIC_LOG_LINES = 60
 TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 HTTP_TIMEOUT = 60.0  # per non-streaming call, before scaling: longer than any case bound, so a
 # frontend that hangs shows up as the case's TIMEOUT rather than as a driver-made error
-MAX_HEADER_BYTES = 64 * 1024
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ENGINE_ID = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 _TOKEN_WORD = re.compile(r"^t(\d+)$")
@@ -156,93 +158,6 @@ def _token_ids_from_text(text: str) -> list[int]:
     return ids
 
 
-# ---------------------------------------------------------------------- HTTP/1.1 client
-
-
-class HttpError(FrontendError):
-    """A non-2xx answer from the frontend (status and body kept for the verdict)."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-@dataclass
-class _Response:
-    status: int
-    headers: dict[str, str]
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    async def body_parts(self) -> AsyncIterator[bytes]:
-        """The body as it arrives: de-chunked, or sized, or until EOF."""
-        if self.chunked:
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    raise ConnectionError("connection closed inside a chunked body")
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    await self.reader.readline()  # the (empty) trailer section
-                    return
-                data = await self.reader.readexactly(size + 2)
-                yield data[:-2]
-        elif "content-length" in self.headers:
-            remaining = int(self.headers["content-length"])
-            while remaining > 0:
-                data = await self.reader.read(min(remaining, 65536))
-                if not data:
-                    raise ConnectionError("connection closed inside a sized body")
-                remaining -= len(data)
-                yield data
-        else:
-            while data := await self.reader.read(65536):
-                yield data
-
-    async def read_body(self) -> bytes:
-        return b"".join([part async for part in self.body_parts()])
-
-    def close(self) -> None:
-        """Close at once (no flush, no await): for drops this is the client going away."""
-        self.writer.transport.abort()
-
-
-async def _open(port: int, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None) -> _Response:
-    """Send one request on a fresh connection and read the status line and headers."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    try:
-        payload = b"" if body is None else json.dumps(body).encode()
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-                 "Connection: close", "Accept: */*", f"Content-Length: {len(payload)}"]
-        if body is not None:
-            lines.append("Content-Type: application/json")
-        lines.extend(f"{k}: {v}" for k, v in (headers or {}).items())
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > MAX_HEADER_BYTES:
-            raise ConnectionError("response header too large")
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-            raise ConnectionError(f"bad status line {status_line!r}")
-        parsed: dict[str, str] = {}
-        for line in header_lines:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                parsed[key.strip().lower()] = value.strip()
-        return _Response(int(parts[1]), parsed, reader, writer)
-    except BaseException:
-        writer.transport.abort()
-        raise
-
-
 # ---------------------------------------------------------------------- the driver
 
 
@@ -252,7 +167,7 @@ class _Stream:
 
     handle: StreamHandle
     external_id: str
-    response: _Response | None = None
+    response: HttpResponse | None = None
     task: asyncio.Task[None] | None = None
     closed: bool = False
 
@@ -450,7 +365,7 @@ class VllmRsDriver(FrontendDriver):
 
     async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         """One non-streaming request: (status, body)."""
-        resp = await _open(self._port(), method, path, body)
+        resp = await http_request(self._port(), method, path, body)
         try:
             return resp.status, await resp.read_body()
         finally:
@@ -500,7 +415,8 @@ class VllmRsDriver(FrontendDriver):
         self._streams[id(handle)] = entry
         try:
             # Sent before returning, so requests reach the frontend in call order.
-            entry.response = await _open(self._port(), "POST", "/v1/completions", body, headers)
+            entry.response = await http_request(self._port(), "POST", "/v1/completions", body,
+                                                headers)
         except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
             handle.finish("error", f"connection to vllm-rs failed: {exc}")
             return handle
