@@ -19,7 +19,7 @@ from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, StreamHandle
 from harness.verdicts import Level, case
-from harness.wire import DEFAULT_CODEC
+from harness.wire import WireCodec
 from harness.wire import messages as m
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
@@ -33,22 +33,23 @@ STICKY = [Capability.GENERATE, Capability.IS_SLEEPING]
 FAILED = ("error",)
 
 
-def _bad_aux_index() -> list[bytes]:
-    """A well-formed outputs message whose ndarray points at an aux frame that is missing."""
+def _bad_aux_index(codec: WireCodec) -> list[bytes]:
+    """A well-formed outputs message (in the engines' protocol profile) whose ndarray points
+    at an aux frame that is missing."""
     big = m.WireArray("<i4", (1, 128), bytes(512))
-    frames = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+    frames = codec.encode_outputs(m.EngineCoreOutputs(
         0, [m.EngineCoreOutput("ghost", [100], routed_experts=big)], None, time.monotonic()))
     return frames[:1]
 
 
-GARBAGE: dict[str, tuple[str, Callable[[], list[bytes]]]] = {
-    "not_msgpack": ("a frame that is not msgpack", lambda: [b"\xc1garbage"]),
+GARBAGE: dict[str, tuple[str, Callable[[WireCodec], list[bytes]]]] = {
+    "not_msgpack": ("a frame that is not msgpack", lambda _codec: [b"\xc1garbage"]),
     "wrong_shape": ("valid msgpack of the wrong shape (a map, not EngineCoreOutputs)",
-                    lambda: [msgspec.msgpack.encode({"outputs": "nope"})]),
+                    lambda _codec: [msgspec.msgpack.encode({"outputs": "nope"})]),
     "missing_aux_frame": ("an outputs message referencing an aux frame it lacks",
                           _bad_aux_index),
     "two_frame_garbage": ("a two-frame message of garbage",
-                          lambda: [b"\xc1garbage", b"\x00\x01more"]),
+                          lambda _codec: [b"\xc1garbage", b"\x00\x01more"]),
 }
 
 
@@ -110,7 +111,7 @@ def _make_garbage_case(kind: str, engines: int) -> None:
           source=f"{RUST}; {PY}", needs=STICKY)
     async def run(ctx: CaseContext) -> None:
         engs, handles = await _open_holding(ctx, engines)
-        engs[-1].send_garbage(frames())
+        engs[-1].send_garbage(frames(ctx.engines.codec))
         await _require_streams_failed(ctx, handles)
         await _require_later_calls_fail(ctx)
 

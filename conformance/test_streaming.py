@@ -74,9 +74,9 @@ async def finish_repetition(ctx: CaseContext) -> None:
       "Outputs for request ids the frontend does not know are ignored.", source=OUT,
       needs=GEN)
 async def unknown_id(ctx: CaseContext) -> None:
-    from harness.wire import DEFAULT_CODEC
+    from harness.wire import codec_for
 
-    ghost = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+    ghost = codec_for(ctx.profile).encode_outputs(m.EngineCoreOutputs(
         0, [m.EngineCoreOutput("ghost-request", [555], finish_reason=F.LENGTH)], None, 1.0))
     steps = [Garbage(ghost), Emit([100], 0.02), Finish(F.LENGTH, [101], 0.02)]
     _g, h = await _one(ctx, steps, 2)
@@ -89,14 +89,12 @@ async def unknown_id(ctx: CaseContext) -> None:
       "Outputs arriving after a request's final output do not change the ended stream.",
       source=OUT, needs=GEN)
 async def end_once(ctx: CaseContext) -> None:
-    from harness.wire import DEFAULT_CODEC
-
     p = prompt(0)
     group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
     h = await ctx.driver.generate(p, 2)
     await h.wait(ctx.t(3))
     rid = group.transcript.adds(0)[0].request_id
-    late = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+    late = group.codec.encode_outputs(m.EngineCoreOutputs(
         0, [m.EngineCoreOutput(rid, [777], finish_reason=F.STOP)], None, 2.0))
     group[0].send_garbage(late)
     await ctx.quiet(0.2)

@@ -14,7 +14,6 @@ from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
 from harness.verdicts import Level, case
 from harness.vllm_dist import tiny_lora_dir
-from harness.wire import DEFAULT_CODEC
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
@@ -355,7 +354,7 @@ def _stray_case(name: str, engines: int, output: m.UtilityOutput, level: Level,
                 what: str) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(engines)
-        frames = DEFAULT_CODEC.encode_outputs(m.EngineCoreOutputs(
+        frames = group.codec.encode_outputs(m.EngineCoreOutputs(
             group.engines[0].rank, [], None, time.time(), utility_output=output))
         group.engines[0].send_garbage(list(frames))
         await ctx.quiet(0.2)

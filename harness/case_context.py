@@ -27,7 +27,7 @@ from harness.frontends.driver import (
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict, grade_unmet
-from harness.wire import DEFAULT_CODEC, WireCodec
+from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 
@@ -50,9 +50,14 @@ class CaseUnsupported(Exception):
 class CaseContext:
     """Per-case handle: the driver, the engine group, timing and evidence."""
 
-    def __init__(self, spec: CaseSpec, driver: FrontendDriver) -> None:
+    def __init__(self, spec: CaseSpec, driver: FrontendDriver,
+                 profile: ProtocolProfile | None = None) -> None:
         self.spec = spec
         self.driver = driver
+        # The protocol the mock engines speak: the run's --profile, else the one a driver
+        # of a given vLLM release declares (`protocol_profile`), else vllm-0.33.
+        self.profile: ProtocolProfile = (profile or getattr(driver, "protocol_profile", None)
+                                         or VLLM_0_33)
         self.group: EngineGroup | None = None
         self.evidence = Evidence()
         self._ipc = PrivateIpcDir()
@@ -77,10 +82,8 @@ class CaseContext:
             else list(scripts)
         coordinator = (self._ipc.address("dp-stats") if len(scripts) > 1 and not coordinated
                        else None)
-        profile = self.driver.engine_profile()
-        codec = DEFAULT_CODEC if profile is None else WireCodec(profile)
-        self.group = EngineGroup(scripts, codec=codec, coordinator_address=coordinator,
-                                 rank_offset=rank_offset)
+        self.group = EngineGroup(scripts, coordinator_address=coordinator,
+                                 rank_offset=rank_offset, profile=self.profile)
         self.group.handshake = handshake or coordinated
         self.group.coordinated = coordinated
         await self.driver.start(self.group, self.t(startup_timeout))
@@ -136,9 +139,10 @@ class CaseContext:
 
 
 async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
-                   transcript_dir: str | None = None) -> CaseResult:
-    """Run one case against one driver and grade it."""
-    ctx = CaseContext(spec, driver)
+                   transcript_dir: str | None = None,
+                   profile: ProtocolProfile | None = None) -> CaseResult:
+    """Run one case against one driver, its engines speaking `profile`, and grade it."""
+    ctx = CaseContext(spec, driver, profile)
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
     try:

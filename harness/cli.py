@@ -4,6 +4,7 @@
     corewire diff OLD.json NEW.json
     corewire report RESULTS.json [--out report.html]
     corewire compliance RESULTS.json [--baseline FILE] [--out docs/compliance.md]
+    corewire profiles [--json]
 
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
@@ -56,6 +57,14 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         argv += ["--update-baseline"]
     if args.timescale:
         argv += ["--timescale", str(args.timescale)]
+    if args.profile:
+        from harness.wire.profiles import UnknownProfileError, get_profile
+
+        try:
+            get_profile(args.profile)
+        except UnknownProfileError as exc:
+            raise UsageError(f"--profile: {exc}") from None
+        argv += ["--profile", args.profile]
     # A child process: pytest must import (and assertion-rewrite) the plugin itself.
     return subprocess.run([sys.executable, "-m", "pytest", *argv, *extra]).returncode
 
@@ -80,6 +89,37 @@ def _report(args: argparse.Namespace) -> int:
     with open(out, "w") as fh:
         fh.write(render_html(doc))
     print(out)
+    return 0
+
+
+def _profiles(args: argparse.Namespace) -> int:
+    """One line per protocol profile: release date, array lengths, ready keys."""
+    import json
+
+    from harness.wire.profiles import all_profiles
+
+    rows = [{"name": p.name, "vllm_version": p.vllm_version,
+             "release_date": (p.release_date or "")[:10],
+             "request": p.request_array_len, "output": p.output_array_len,
+             "outputs": p.outputs_array_len, "ready_keys": len(p.ready_keys),
+             "required_ready_keys": len(p.required_ready_keys),
+             "rust_required_ready_keys": (None if p.rust_required_ready_keys is None
+                                          else len(p.rust_required_ready_keys)),
+             "source": p.source} for p in all_profiles()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    header = ("profile", "released", "request", "output", "outputs", "ready keys",
+              "required", "rust required")
+    keys = ("name", "release_date", "request", "output", "outputs", "ready_keys",
+            "required_ready_keys", "rust_required_ready_keys")
+    table: list[tuple[str, ...]] = [header] + [
+        tuple("-" if r[k] is None else str(r[k]) for k in keys) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print("array lengths: EngineCoreRequest / EngineCoreOutput / EngineCoreOutputs; "
+          "vllm-0.33 is the default (harness/wire/messages.py)")
     return 0
 
 
@@ -126,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="rewrite --baseline from this run (refused for a filtered run)")
     run.add_argument("--timescale", type=float,
                      help="multiply every timing window by this factor (slow machines)")
+    run.add_argument("--profile",
+                     help="protocol profile the mock engines speak, e.g. vllm-0.23.0 "
+                          "(default vllm-0.33; see `corewire profiles`)")
+    prof = sub.add_parser("profiles", help="list the protocol profiles (one per vLLM release)")
+    prof.add_argument("--json", action="store_true", help="machine-readable")
     diff = sub.add_parser("diff", help="verdict transitions between two results.json")
     diff.add_argument("old", help="results.json of the earlier run")
     diff.add_argument("new", help="results.json of the later run")
@@ -138,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--out", help="the markdown file (default: stdout)")
     args = parser.parse_args(argv)
     commands = {"run": lambda: _run(args, extra), "diff": lambda: _diff(args),
-                "compliance": lambda: _compliance(args), "report": lambda: _report(args)}
+                "compliance": lambda: _compliance(args), "report": lambda: _report(args),
+                "profiles": lambda: _profiles(args)}
     try:
         return commands[args.command]()
     except UsageError as exc:

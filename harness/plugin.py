@@ -22,6 +22,7 @@ import pytest
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
 from harness.verdicts import AREAS, CaseResult, CaseSpec, Verdict
+from harness.wire.profiles import ProtocolProfile, get_profile
 
 PROPERTY = "corewire_result"
 
@@ -37,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--report-dir", default="reports",
                     help="where results.json, report.html and transcripts are written")
     group.addoption("--baseline", default=None, help="baseline file of tolerated verdicts")
+    group.addoption("--profile", default=None,
+                    help="protocol profile the mock engines speak (vllm-0.33 default; "
+                         "`corewire profiles` lists them)")
     group.addoption("--update-baseline", action="store_true",
                     help="rewrite --baseline from this run's non-PASS verdicts (unfiltered runs)")
 
@@ -70,6 +74,14 @@ def _check_usage(config: pytest.Config) -> None:
             check_spec(spec)
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+    name = config.getoption("profile")
+    if name is not None:
+        from harness.wire.profiles import UnknownProfileError, get_profile
+
+        try:
+            get_profile(name)
+        except UnknownProfileError as exc:
+            raise pytest.UsageError(f"--profile: {exc}") from None
     timescale = config.getoption("timescale")
     if timescale is not None and not timescale > 0:
         raise pytest.UsageError(f"--timescale must be a positive factor, got {timescale}")
@@ -82,6 +94,12 @@ def _filtered(config: pytest.Config) -> bool:
     return bool(config.getoption("keyword") or config.getoption("markexpr")
                 or any("::" in arg for arg in config.args)
                 or config.getoption("lf", False) or config.getoption("deselect", None))
+
+
+def _profile(config: pytest.Config) -> ProtocolProfile | None:
+    """The --profile of this run (None: each driver's own, else vllm-0.33)."""
+    name = config.getoption("profile")
+    return None if name is None else get_profile(name)
 
 
 def _frontends(config: pytest.Config) -> list[str]:
@@ -131,7 +149,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     try:
         driver = make_driver(frontend)
         result = asyncio.run(run_case(spec, pyfuncitem.obj, driver,
-                                      os.path.join(report_dir, "transcripts")))
+                                      os.path.join(report_dir, "transcripts"),
+                                      _profile(config)))
     except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
@@ -212,7 +231,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     results.sort(key=lambda r: (r.case_id, r.frontend))
     report_dir = config.getoption("report_dir")
-    write_reports(results, report_dir)
+    write_reports(results, report_dir, _profile(config))
     if config.getoption("update_baseline"):
         Baseline.from_results(results).save(config.getoption("baseline"))
 

@@ -19,7 +19,9 @@ from harness.wire import (
     AbortRequests,
     AddRequest,
     ProtocolError,
+    ProtocolProfile,
     WireCodec,
+    codec_for,
 )
 from harness.wire import messages as m
 from mock_engines.script import (
@@ -72,11 +74,14 @@ class MockEngineCore:
 
     def __init__(self, rank: int, script: EngineScript | None = None, *,
                  codec: WireCodec = DEFAULT_CODEC, transcript: Transcript | None = None,
-                 dp_size: int = 1) -> None:
+                 dp_size: int = 1, profile: ProtocolProfile | None = None) -> None:
+        """`profile` (a vLLM release's protocol) picks the codec; `codec` is the older
+        spelling of the same choice, and both at once must agree."""
         self.rank = rank
         self.script = script or EngineScript()
-        self.codec = codec
-        self.transcript = transcript if transcript is not None else Transcript()
+        self.codec = resolve_codec(codec, profile)
+        self.transcript = transcript if transcript is not None \
+            else Transcript(codec=self.codec)
         self.dp_size = dp_size
         self.live: dict[str, _LiveRequest] = {}
         self.finished: set[str] = set()  # ids that got a final output
@@ -98,12 +103,13 @@ class MockEngineCore:
         """The one frame this engine registers with on each input socket."""
         if self.script.ready_payload is not None:
             return self.script.ready_payload
-        ready = self.script.ready or default_ready(self.rank, self.dp_size)
+        ready = self.script.ready or default_ready(
+            self.rank, self.dp_size, vllm_version=self.codec.profile.vllm_version)
         return self.codec.encode_ready(ready)
 
     def record_ready(self, now: float, payload: bytes) -> None:
         try:
-            message: Any = self.codec.decode_ready(payload)
+            message: Any = self.codec.decode_ready_message(payload)
         except ProtocolError:
             message = None  # deliberately malformed (scripted); the hex shows it
         self._record(now, "out", "ready", [payload], message, note="ready response")
@@ -405,3 +411,13 @@ class MockEngineCore:
 
 def _delay(step: Step) -> float:
     return step.delay
+
+
+def resolve_codec(codec: WireCodec, profile: ProtocolProfile | None) -> WireCodec:
+    """The codec an engine speaks: the profile's, else the given codec."""
+    if profile is None:
+        return codec
+    if codec is not DEFAULT_CODEC and codec.profile is not profile:
+        raise ValueError(f"codec of profile {codec.profile.name!r} given with profile "
+                         f"{profile.name!r}")
+    return codec_for(profile)

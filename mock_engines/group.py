@@ -16,9 +16,9 @@ from types import TracebackType
 import zmq
 
 from harness.transport.sockets import make_socket
-from harness.wire import DEFAULT_CODEC, WireCodec
+from harness.wire import DEFAULT_CODEC, ProtocolProfile, WireCodec
 from harness.wire import messages as m
-from mock_engines.engine import MockEngineCore
+from mock_engines.engine import MockEngineCore, resolve_codec
 from mock_engines.runner import Bootstrapped, Connection, EngineRunner, Handshake
 from mock_engines.script import EngineScript
 from mock_engines.transcript import MergedTranscript, Record, Transcript
@@ -30,10 +30,12 @@ class MockEngine:
     """One scripted DP rank: its state machine, its socket thread and its transcript."""
 
     def __init__(self, rank: int, script: EngineScript, ctx: zmq.Context[zmq.Socket[bytes]],
-                 *, codec: WireCodec = DEFAULT_CODEC, dp_size: int = 1) -> None:
+                 *, codec: WireCodec = DEFAULT_CODEC, dp_size: int = 1,
+                 profile: ProtocolProfile | None = None) -> None:
         self.rank = rank
         self.script = script
-        self.transcript = Transcript()
+        codec = resolve_codec(codec, profile)
+        self.transcript = Transcript(codec=codec)
         self.core = MockEngineCore(rank, script, codec=codec, transcript=self.transcript,
                                    dp_size=dp_size)
         self._ctx = ctx
@@ -110,7 +112,7 @@ class MockCoordinator:
                  engines: Sequence[MockEngine], *, codec: WireCodec = DEFAULT_CODEC,
                  interval: float = 0.1) -> None:
         self.address = address
-        self.transcript = Transcript()
+        self.transcript = Transcript(codec=codec)
         self._ctx = ctx
         self._engines = engines
         self._codec = codec
@@ -185,13 +187,17 @@ class EngineGroup:
 
     def __init__(self, scripts: Sequence[EngineScript] | int, *,
                  codec: WireCodec = DEFAULT_CODEC, coordinator_address: str | None = None,
-                 rank_offset: int = 0) -> None:
+                 rank_offset: int = 0, profile: ProtocolProfile | None = None) -> None:
+        """`profile`: the vLLM release whose protocol every engine speaks (default
+        vllm-0.33): array layouts, ready keys, sentinel."""
         if isinstance(scripts, int):
             scripts = [EngineScript() for _ in range(scripts)]
         if not scripts:
             raise ValueError("an engine group needs at least one engine")
+        codec = resolve_codec(codec, profile)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.codec = codec
+        self.profile = codec.profile
         self.engines = [MockEngine(rank_offset + i, s, self.ctx, codec=codec,
                                    dp_size=len(scripts)) for i, s in enumerate(scripts)]
         self.coordinator = (MockCoordinator(self.ctx, coordinator_address, self.engines,

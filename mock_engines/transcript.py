@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest, ProtocolError, to_jsonable
+from harness.wire import (
+    DEFAULT_CODEC,
+    AbortRequests,
+    AddRequest,
+    ProtocolError,
+    WireCodec,
+    to_jsonable,
+)
 from harness.wire import messages as m
 
 Direction = Literal["in", "out"]
@@ -63,6 +70,8 @@ class Transcript:
 
     records: list[Record | _RawOutput] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Decodes the raw outputs on first read: the codec of the run's protocol profile.
+    codec: WireCodec = field(default=DEFAULT_CODEC, repr=False)
 
     def append(self, record: Record) -> None:
         with self._lock:
@@ -77,7 +86,7 @@ class Transcript:
             records = self.records
             for i, entry in enumerate(records):
                 if type(entry) is tuple:
-                    records[i] = _decoded_output(*entry)
+                    records[i] = _decoded_output(self.codec, *entry)
             return list(records)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Record]:
@@ -153,9 +162,10 @@ class Transcript:
         return [r.to_json(t0) for r in recs]
 
 
-def _decoded_output(t: float, rank: int, frames: tuple[bytes, ...]) -> Record:
+def _decoded_output(codec: WireCodec, t: float, rank: int, frames: tuple[bytes, ...]
+                    ) -> Record:
     try:
-        return Record(t, rank, "out", "output", frames, DEFAULT_CODEC.decode_outputs(frames))
+        return Record(t, rank, "out", "output", frames, codec.decode_outputs(frames))
     except ProtocolError as exc:
         return Record(t, rank, "out", "output", frames, None, exc)
 

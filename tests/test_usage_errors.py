@@ -34,6 +34,7 @@ def run_pytest(tmp: Path, *args: str, env: dict[str, str] | None = None
     (["--timescale", "-1"], "--timescale must be a positive factor"),
     (["--timescale", "0"], "--timescale must be a positive factor"),
     (["--baseline", "no/such/baseline.json"], "no such file"),
+    (["--profile", "vllm-0.9.9"], "unknown protocol profile 'vllm-0.9.9'"),
 ])
 def test_usage_errors_exit_4_with_one_line(tmp_path: Path, args: list[str], says: str) -> None:
     proc = run_pytest(tmp_path, "-k", "abort.drop.single", *args)

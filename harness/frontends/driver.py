@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.wire.profiles import ProtocolProfile
     from mock_engines.group import EngineGroup
 
 
@@ -169,11 +168,6 @@ class FrontendDriver(abc.ABC):
 
     def supports(self, *needed: Capability) -> bool:
         return all(c in self.capabilities for c in needed)
-
-    def engine_profile(self) -> ProtocolProfile | None:
-        """The protocol the mock engines must speak to this frontend; None: the default
-        (vLLM 0.33). A driver of an older release (vllm-rs@0.22.1) names that release's."""
-        return None
 
     @abc.abstractmethod
     async def start(self, group: EngineGroup, timeout: float) -> None:

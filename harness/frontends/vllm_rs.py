@@ -29,7 +29,7 @@ The HTTP client is a small hand-written asyncio HTTP/1.1 client (vllm_rs_http.py
 
 `vllm-rs@X` runs the binary of vLLM release X instead (fetched once, vllm_rs_fetch.py), with
 that release's command line and capabilities (vllm_rs_releases.py) and mock engines speaking
-its protocol profile (engine_profile()).
+its protocol profile (protocol_profile).
 """
 
 from __future__ import annotations
@@ -190,9 +190,13 @@ class VllmRsDriver(FrontendDriver):
         self.extra_args = dict(extra_args or {})
         self.version = None if release is None else release.version
         self.release = release or RsRelease(INSTALLED)
+        # The protocol the mock engines speak (CaseContext reads it; a run's --profile wins):
+        # a release's own, since its Rust decoder refuses arrays of any other length.
+        self.protocol_profile: ProtocolProfile | None = None
         if release is not None:
             self.name = f"vllm-rs@{release.version}"
             self.capabilities = release.capabilities
+            self.protocol_profile = profile_for_release(release.version)
         self.port: int | None = None
         self.control: ControlClient | None = None  # the gRPC Control service, once started
         self.proc: subprocess.Popen[bytes] | None = None
@@ -205,10 +209,6 @@ class VllmRsDriver(FrontendDriver):
         self._tag = uuid.uuid4().hex[:8]
         self._seq = itertools.count()
         self._lora = LoraAdapters(str(tiny_lora_dir()))  # add_lora / remove_lora
-
-    def engine_profile(self) -> ProtocolProfile | None:
-        """A release's own protocol: its Rust decoder refuses arrays of any other length."""
-        return None if self.version is None else profile_for_release(self.version)
 
     # ------------------------------------------------------------------ process
 

@@ -10,27 +10,32 @@ from typing import Any
 
 from harness.report.html import render_html
 from harness.verdicts import CaseResult
+from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 
 
-def run_metadata() -> dict[str, Any]:
+def run_metadata(profile: ProtocolProfile | None = None) -> dict[str, Any]:
+    """The run's labels; `profile` is the protocol its mock engines spoke (--profile)."""
+    profile = profile or VLLM_0_33
     return {
         "generated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "protocol_profile": "vllm-0.33",
-        "vllm_version": "0.33.0",
+        "protocol_profile": profile.name,
+        "vllm_version": profile.vllm_version,
         "python": platform.python_version(),
         "host": platform.node(),
     }
 
 
-def results_document(results: list[CaseResult]) -> dict[str, Any]:
+def results_document(results: list[CaseResult],
+                     profile: ProtocolProfile | None = None) -> dict[str, Any]:
     ordered = sorted(results, key=lambda r: (r.case_id, r.frontend))
-    return {"meta": run_metadata(), "results": [r.to_json() for r in ordered]}
+    return {"meta": run_metadata(profile), "results": [r.to_json() for r in ordered]}
 
 
-def write_reports(results: list[CaseResult], report_dir: str) -> dict[str, str]:
+def write_reports(results: list[CaseResult], report_dir: str,
+                  profile: ProtocolProfile | None = None) -> dict[str, str]:
     """Write JSON and HTML; returns their paths."""
     os.makedirs(report_dir, exist_ok=True)
-    doc = results_document(results)
+    doc = results_document(results, profile)
     json_path = os.path.join(report_dir, "results.json")
     with open(json_path, "w") as fh:
         json.dump(doc, fh, indent=1)

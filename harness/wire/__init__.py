@@ -8,10 +8,18 @@ from harness.wire.codec import (
     EngineInput,
     EngineOutput,
     WireCodec,
+    codec_for,
     to_jsonable,
 )
 from harness.wire.errors import ProtocolError
-from harness.wire.profiles import VLLM_0_33, ProtocolProfile, get_profile
+from harness.wire.profiles import (
+    VLLM_0_33,
+    ProtocolProfile,
+    UnknownProfileError,
+    get_profile,
+    profile_for_release,
+    profile_names,
+)
 
 __all__ = [
     "DEFAULT_CODEC",
@@ -23,7 +31,11 @@ __all__ = [
     "EngineOutput",
     "ProtocolError",
     "ProtocolProfile",
+    "UnknownProfileError",
     "WireCodec",
+    "codec_for",
     "get_profile",
+    "profile_for_release",
+    "profile_names",
     "to_jsonable",
 ]

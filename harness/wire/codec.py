@@ -358,3 +358,16 @@ def _is_top(message: msgspec.Struct) -> bool:
 
 
 DEFAULT_CODEC = WireCodec()
+_CODECS: dict[str, WireCodec] = {VLLM_0_33.name: DEFAULT_CODEC}
+_CODECS_LOCK = threading.Lock()
+
+
+def codec_for(profile: ProtocolProfile | None) -> WireCodec:
+    """The shared codec of a profile (None: the default); built once per profile."""
+    if profile is None:
+        return DEFAULT_CODEC
+    with _CODECS_LOCK:
+        codec = _CODECS.get(profile.name)
+        if codec is None or codec.profile is not profile:
+            codec = _CODECS[profile.name] = WireCodec(profile)
+        return codec

@@ -5,7 +5,7 @@ Everything in corewire builds and reads the hand-written structs of harness/wire
 layout of one `ProtocolProfile`, field by field and by name:
 
 * encoding writes exactly the release's fields in the release's order -- an older release's
-  strict decoder (vllm-rs refuses arrays of another length) never sees a newer field, and a
+  strict decoder (vllm-rs refuses extra trailing elements) never sees a newer field, and a
   field the release has but our structs lack gets the release's default;
 * decoding uses msgspec structs defined at run time with the release's fields, defaults and
   required keys (so a release's own rules validate what arrives, and extra trailing elements
@@ -17,6 +17,8 @@ structs directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -30,8 +32,6 @@ from harness.wire.profiles import (
     ProfileDataError,
     ProtocolProfile,
 )
-
-_MISSING: Any = object()
 
 
 def _canonical_types(struct: type[msgspec.Struct]) -> dict[str, Any]:
@@ -58,6 +58,18 @@ class ReleaseLayout:
             "utility_output": self.utility_struct | None})
         self.request_struct = self._define(self.request, {})
         self.ready_struct = self._define(self.ready, {}, array_like=False)
+        self._to_request, self._from_request = _to_release(self.request), _from_release(
+            self.request)
+        self._to_output, self._from_output = _to_release(self.output), _from_release(
+            self.output)
+        self._to_outputs, self._from_outputs = _to_release(self.outputs), _from_release(
+            self.outputs)
+        self._to_utility, self._from_utility = _to_release(self.utility), _from_release(
+            self.utility)
+        self._to_ready, self._from_ready = _to_release(self.ready), _from_release(self.ready)
+        names = self.outputs.names
+        self._outputs_at = names.index("outputs") if "outputs" in names else None
+        self._utility_at = names.index("utility_output") if "utility_output" in names else None
 
     def _check_convertible(self, layout: Layout) -> None:
         """Every field our struct requires must exist in the release (else no mapping)."""
@@ -88,62 +100,77 @@ class ReleaseLayout:
 
     # ------------------------------------------------------------------ encode
 
-    @staticmethod
-    def _values(obj: Any, layout: Layout) -> list[Any]:
-        out = []
-        for spec in layout.fields:
-            value = getattr(obj, spec.name, _MISSING)
-            out.append(spec.default_value() if value is _MISSING else value)
-        return out
-
     def request_array(self, request: m.EngineCoreRequest) -> list[Any]:
-        return self._values(request, self.request)
+        return self._to_request(request)
 
     def outputs_array(self, outputs: m.EngineCoreOutputs) -> list[Any]:
-        values = self._values(outputs, self.outputs)
-        names = self.outputs.names
-        if "outputs" in names:
-            i = names.index("outputs")
-            values[i] = [self._values(o, self.output) for o in values[i]]
-        if "utility_output" in names:
-            i = names.index("utility_output")
-            if values[i] is not None:
-                values[i] = self._values(values[i], self.utility)
+        values = self._to_outputs(outputs)
+        if self._outputs_at is not None:
+            values[self._outputs_at] = [self._to_output(o) for o in values[self._outputs_at]]
+        if self._utility_at is not None and values[self._utility_at] is not None:
+            values[self._utility_at] = self._to_utility(values[self._utility_at])
         return values
 
     def ready_map(self, response: m.EngineCoreReadyResponse) -> dict[str, Any]:
         """The release's ready keys, in its order (vLLM encodes the dataclass as a map)."""
-        return dict(zip(self.ready.names, self._values(response, self.ready), strict=True))
+        return dict(zip(self.ready.names, self._to_ready(response), strict=True))
 
     # ------------------------------------------------------------------ decode
 
-    @staticmethod
-    def _copy(obj: msgspec.Struct, target: type[Any], **replace: Any) -> Any:
-        known = _canonical_types(target)
-        kwargs = {name: getattr(obj, name) for name in obj.__struct_fields__ if name in known}
-        kwargs.update(replace)
-        return target(**kwargs)
-
     def request_from(self, decoded: Any) -> m.EngineCoreRequest:
-        result: m.EngineCoreRequest = self._copy(decoded, m.EngineCoreRequest)
+        result: m.EngineCoreRequest = self._from_request(decoded)
         return result
 
     def outputs_from(self, decoded: Any) -> m.EngineCoreOutputs:
         replace: dict[str, Any] = {}
-        if "outputs" in decoded.__struct_fields__:
-            replace["outputs"] = [self._copy(o, m.EngineCoreOutput) for o in decoded.outputs]
-        if "utility_output" in decoded.__struct_fields__ and decoded.utility_output is not None:
-            replace["utility_output"] = self._copy(decoded.utility_output, m.UtilityOutput)
-        result: m.EngineCoreOutputs = self._copy(decoded, m.EngineCoreOutputs, **replace)
+        if self._outputs_at is not None:
+            replace["outputs"] = [self._from_output(o) for o in decoded.outputs]
+        if self._utility_at is not None and decoded.utility_output is not None:
+            replace["utility_output"] = self._from_utility(decoded.utility_output)
+        result: m.EngineCoreOutputs = self._from_outputs(decoded, **replace)
         return result
 
     def ready_from(self, decoded: Any) -> m.EngineCoreReadyResponse | None:
         """Our struct, or None when the release lacks keys our struct requires."""
         try:
-            result: m.EngineCoreReadyResponse = self._copy(decoded, m.EngineCoreReadyResponse)
+            result: m.EngineCoreReadyResponse = self._from_ready(decoded)
         except TypeError:
             return None
         return result
+
+
+def _to_release(layout: Layout) -> Callable[[Any], list[Any]]:
+    """Our struct -> the release's values in its order (its default where we lack a field)."""
+    ours = CANONICAL[layout.struct].__struct_fields__
+    present = [spec.name for spec in layout.fields if spec.name in ours]
+    get = attrgetter(*present)
+    if len(present) == len(layout.fields) and len(present) > 1:
+        return lambda obj: list(get(obj))
+    missing = [(i, spec) for i, spec in enumerate(layout.fields) if spec.name not in ours]
+
+    def values(obj: Any) -> list[Any]:
+        got = get(obj)
+        out = list(got) if len(present) > 1 else [got]
+        for i, spec in missing:
+            out.insert(i, spec.default_value())
+        return out
+
+    return values
+
+
+def _from_release(layout: Layout) -> Callable[..., Any]:
+    """A release's decoded struct -> ours (its fields we lack are dropped)."""
+    target = CANONICAL[layout.struct]
+    common = tuple(n for n in layout.names if n in target.__struct_fields__)
+    get = attrgetter(*common)
+
+    def build(obj: Any, **replace: Any) -> Any:
+        got = get(obj)
+        kwargs = dict(zip(common, got if len(common) > 1 else (got,), strict=True))
+        kwargs.update(replace)
+        return target(**kwargs)
+
+    return build
 
 
 def _factory(spec: FieldSpec) -> Any:

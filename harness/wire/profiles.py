@@ -107,7 +107,9 @@ def layout_of(struct: type[msgspec.Struct], name: str) -> Layout:
     return Layout(name, tuple(specs), "harness/wire/messages.py")
 
 
-def _canonical_layouts() -> dict[str, Layout]:
+@cache
+def _canonical_layouts() -> Mapping[str, Layout]:
+    """Our structs' layouts (resolving their fields is slow: once per process)."""
     return {name: layout_of(struct, name) for name, struct in CANONICAL.items()}
 
 
@@ -139,7 +141,8 @@ class ProtocolProfile:
         "EXECUTOR_FAILED": b"\x04", "WAKEUP": b"\x05"})
     release_date: str | None = None
     # The Rust client of this release (None: the release has no `rust/`): the ready keys
-    # its serde struct cannot do without, and whether it refuses arrays of another length.
+    # its serde struct cannot do without, and whether its positional structs refuse extra
+    # trailing elements (serde_tuple; a shorter array takes the trailing defaults).
     rust_required_ready_keys: tuple[str, ...] | None = None
     rust_strict_arrays: bool = False
     source: str = "harness/wire/messages.py"
