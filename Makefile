@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
+.PHONY: conformance test history compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -53,6 +53,11 @@ test: $(VLLM_STAMP) chromium
 # from each release's sdist (downloaded once into ~/.cache/corewire/sdists; needs the network).
 profiles: $(CORE_STAMP)
 	$(BIN)/python scripts/gen_profiles.py
+
+# Regenerate docs/history.md: every case against the Rust frontend of every vLLM release
+# 0.22.0 ... 0.33.0 (binaries fetched once by range requests into the cache; ~80 s a release).
+history: $(CORE_STAMP)
+	$(BIN)/python scripts/history.py -n $(XDIST)
 
 # Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
 compliance: $(VLLM_STAMP)

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the conformance suites")
     run.add_argument("--frontend", action="append",
-                     help="reference (default), reference-subprocess, vllm-rs, vllm-py, "
+                     help="reference (default), reference-subprocess, vllm-rs, vllm-rs@X "
+                          "(release X), vllm-py, "
                           "subprocess:'CMD', mutant:NAME; repeatable")
     run.add_argument("-k", help="pytest -k expression, e.g. abort")
     run.add_argument("-m", help="pytest -m expression, e.g. 'dp and must'")

@@ -31,7 +31,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("corewire", "corewire conformance")
     group.addoption("--frontend", action="append", default=[],
                     help="frontend under test (repeatable): reference, reference-subprocess, "
-                         "vllm-rs, vllm-py, subprocess:'CMD', mutant:NAME")
+                         "vllm-rs, vllm-rs@X (release X), vllm-py, subprocess:'CMD', "
+                         "mutant:NAME")
     group.addoption("--timescale", type=float, default=None,
                     help="multiply every timing window (also COREWIRE_TIMESCALE)")
     group.addoption("--report-dir", default="reports",

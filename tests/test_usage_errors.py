@@ -29,6 +29,8 @@ def run_pytest(tmp: Path, *args: str, env: dict[str, str] | None = None
     (["--frontend", "nosuch"], "unknown frontend 'nosuch'"),
     (["--frontend", "mutant:nosuch"], "unknown mutant 'nosuch'"),
     (["--frontend", "subprocess:"], "names nothing"),
+    (["--frontend", "vllm-rs@0.21.0"], "vllm 0.21.0 ships no Rust frontend"),
+    (["--frontend", "vllm-rs@0.99.0"], "no protocol profile for vllm 0.99.0"),
     (["--timescale", "-1"], "--timescale must be a positive factor"),
     (["--timescale", "0"], "--timescale must be a positive factor"),
     (["--baseline", "no/such/baseline.json"], "no such file"),
@@ -43,7 +45,7 @@ def test_usage_errors_exit_4_with_one_line(tmp_path: Path, args: list[str], says
 
 
 def test_check_spec_accepts_every_documented_form() -> None:
-    for spec in ("reference", "reference-subprocess", "vllm-rs", "vllm-py",
+    for spec in ("reference", "reference-subprocess", "vllm-rs", "vllm-rs@0.22.1", "vllm-py",
                  "subprocess:./my-driver --verbose", "mutant:duplicate_abort"):
         check_spec(spec)
 

@@ -11,7 +11,9 @@ REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
-PREFIXES = ("subprocess:", "mutant:", "kv:")
+PREFIXES = ("subprocess:", "mutant:", "kv:", "vllm-rs@")
+USAGE = ("reference, reference-subprocess, vllm-rs, vllm-rs@X, vllm-py, subprocess:'CMD' or "
+         "mutant:NAME")
 
 
 def check_spec(spec: str) -> None:
@@ -24,8 +26,7 @@ def check_spec(spec: str) -> None:
     prefix = next((p for p in PREFIXES if spec.startswith(p)), None)
     rest = spec[len(prefix):].strip() if prefix else ""
     if prefix is None:
-        raise ValueError(f"unknown frontend {spec!r}: use {', '.join(KNOWN)}, "
-                         f"subprocess:'CMD' or mutant:NAME")
+        raise ValueError(f"unknown frontend {spec!r}: use {USAGE}")
     if not rest:
         raise ValueError(f"frontend {spec!r} names nothing after {prefix!r}")
     if prefix == "subprocess:":
@@ -33,6 +34,10 @@ def check_spec(spec: str) -> None:
             shlex.split(rest)
         except ValueError as exc:
             raise ValueError(f"frontend {spec!r}: cannot split the command ({exc})") from None
+    if prefix == "vllm-rs@":
+        from harness.frontends.vllm_rs_releases import release_of
+
+        release_of(spec)  # ReleaseSpecError is a ValueError with the one line
     if prefix == "mutant:":
         from harness.frontends.mutants import MUTANTS
 
@@ -41,8 +46,8 @@ def check_spec(spec: str) -> None:
 
 
 def make_driver(spec: str) -> FrontendDriver:
-    """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-py`, `subprocess:CMD`,
-    `mutant:NAME`."""
+    """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-rs@X` (vLLM release X's
+    binary), `vllm-py`, `subprocess:CMD`, `mutant:NAME`."""
     if spec == "reference":
         from harness.frontends.reference import ReferenceDriver
 
@@ -59,6 +64,11 @@ def make_driver(spec: str) -> FrontendDriver:
         from harness.frontends.vllm_rs import VllmRsDriver
 
         return VllmRsDriver()
+    if spec.startswith("vllm-rs@"):
+        from harness.frontends.vllm_rs import VllmRsDriver
+        from harness.frontends.vllm_rs_releases import release_of
+
+        return VllmRsDriver(release=release_of(spec))
     if spec == "vllm-py":
         from harness.frontends.vllm_py import VllmPyDriver
 
@@ -71,5 +81,4 @@ def make_driver(spec: str) -> FrontendDriver:
         from harness.frontends.mutants import make_mutant_driver
 
         return make_mutant_driver(spec.split(":", 1)[1])
-    raise ValueError(f"unknown frontend {spec!r}: use reference, reference-subprocess, "
-                     f"vllm-rs, vllm-py, subprocess:'CMD' or mutant:NAME")
+    raise ValueError(f"unknown frontend {spec!r}: use {USAGE}")

@@ -25,9 +25,11 @@ Cases that need the frontend to own HELLO / INIT / READY (`group.handshake`) run
 instead, the Rust HandshakeOwner transport, with a stand-in for its managed Python engine
 (vllm_rs_handshake.py); the HTTP surface is the same.
 
-The HTTP client is a small hand-written asyncio HTTP/1.1 client (one connection per request,
-`Connection: close`, chunked or sized bodies): no dependency, and a dropped stream is simply
-its socket being closed.
+The HTTP client is a small hand-written asyncio HTTP/1.1 client (vllm_rs_http.py).
+
+`vllm-rs@X` runs the binary of vLLM release X instead (fetched once, vllm_rs_fetch.py), with
+that release's command line and capabilities (vllm_rs_releases.py) and mock engines speaking
+its protocol profile (protocol_profile).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import subprocess
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,8 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.vllm_rs_control import ControlClient
+from harness.frontends.vllm_rs_http import HttpError, HttpResponse, http_request
+from harness.frontends.vllm_rs_releases import INSTALLED, RS_CAPABILITIES, RsRelease
 from harness.frontends.vllm_rs_utilities import (
     RS_PASS_THROUGH,
     LoraAdapters,
@@ -74,8 +78,10 @@ from harness.frontends.vllm_rs_utilities import (
 )
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
-from harness.vllm_dist import tiny_lora_dir, tiny_model_dir, vllm_rs_binary
+from harness.vllm_dist import VLLM_VERSION, tiny_lora_dir, tiny_model_dir, vllm_rs_binary
+from harness.vllm_rs_fetch import release_binary
 from harness.vocab import SPECIAL
+from harness.wire.profiles import ProtocolProfile, profile_for_release
 
 if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
@@ -85,7 +91,6 @@ DIAGNOSTIC_LOG_LINES = 60
 TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 HTTP_TIMEOUT = 60.0  # per non-streaming call, before scaling: longer than any case bound, so a
 # frontend that hangs shows up as the case's TIMEOUT rather than as a driver-made error
-MAX_HEADER_BYTES = 64 * 1024
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ENGINE_ID = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 _TOKEN_WORD = re.compile(r"^t(\d+)$")
@@ -104,10 +109,14 @@ def _kill_leftovers() -> None:
             proc.wait(TERM_GRACE)
 
 
-@functools.lru_cache(maxsize=1)
-def _binary() -> Path:
-    """Resolving (and maybe fetching) the binary is expensive: once per session."""
-    return vllm_rs_binary()
+@functools.cache
+def _binary(version: str | None = None) -> Path:
+    """Resolving (and maybe fetching) a binary is expensive: once per release per session.
+    None is plain `vllm-rs` (installed vLLM 0.33.0 or $COREWIRE_VLLM_RS); a release of the
+    installed version reuses that binary, any other is fetched from its wheel once."""
+    if version is None or version == VLLM_VERSION:
+        return vllm_rs_binary()
+    return release_binary(version)
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,93 +158,6 @@ def _token_ids_from_text(text: str) -> list[int]:
     return ids
 
 
-# ---------------------------------------------------------------------- HTTP/1.1 client
-
-
-class HttpError(FrontendError):
-    """A non-2xx answer from the frontend (status and body kept for the verdict)."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-@dataclass
-class _Response:
-    status: int
-    headers: dict[str, str]
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    async def body_parts(self) -> AsyncIterator[bytes]:
-        """The body as it arrives: de-chunked, or sized, or until EOF."""
-        if self.chunked:
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    raise ConnectionError("connection closed inside a chunked body")
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    await self.reader.readline()  # the (empty) trailer section
-                    return
-                data = await self.reader.readexactly(size + 2)
-                yield data[:-2]
-        elif "content-length" in self.headers:
-            remaining = int(self.headers["content-length"])
-            while remaining > 0:
-                data = await self.reader.read(min(remaining, 65536))
-                if not data:
-                    raise ConnectionError("connection closed inside a sized body")
-                remaining -= len(data)
-                yield data
-        else:
-            while data := await self.reader.read(65536):
-                yield data
-
-    async def read_body(self) -> bytes:
-        return b"".join([part async for part in self.body_parts()])
-
-    def close(self) -> None:
-        """Close at once (no flush, no await): for drops this is the client going away."""
-        self.writer.transport.abort()
-
-
-async def _open(port: int, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None) -> _Response:
-    """Send one request on a fresh connection and read the status line and headers."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    try:
-        payload = b"" if body is None else json.dumps(body).encode()
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-                 "Connection: close", "Accept: */*", f"Content-Length: {len(payload)}"]
-        if body is not None:
-            lines.append("Content-Type: application/json")
-        lines.extend(f"{k}: {v}" for k, v in (headers or {}).items())
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > MAX_HEADER_BYTES:
-            raise ConnectionError("response header too large")
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-            raise ConnectionError(f"bad status line {status_line!r}")
-        parsed: dict[str, str] = {}
-        for line in header_lines:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                parsed[key.strip().lower()] = value.strip()
-        return _Response(int(parts[1]), parsed, reader, writer)
-    except BaseException:
-        writer.transport.abort()
-        raise
-
-
 # ---------------------------------------------------------------------- the driver
 
 
@@ -245,7 +167,7 @@ class _Stream:
 
     handle: StreamHandle
     external_id: str
-    response: _Response | None = None
+    response: HttpResponse | None = None
     task: asyncio.Task[None] | None = None
     closed: bool = False
 
@@ -254,27 +176,27 @@ class VllmRsDriver(FrontendDriver):
     """Runs `vllm-rs frontend` against the engine group and drives it over HTTP."""
 
     name = "vllm-rs"
-    capabilities: frozenset[Capability] = frozenset({
-        Capability.GENERATE,
-        Capability.DROP,  # closing the HTTP stream is the client going away
-        Capability.ABORT,  # POST /abort_requests (external ids; see abort())
-        Capability.IS_SLEEPING,
-        Capability.RESET_PREFIX_CACHE,
-        Capability.DP_RANK,  # X-data-parallel-rank header
-        Capability.STOP_STRINGS,
-        Capability.MAX_MODEL_LEN,  # /v1/models
-        Capability.BLOCK_SIZE,  # gRPC Control GetServerInfo kv_block_size
-        Capability.NUM_GPU_BLOCKS,  # gRPC Control GetServerInfo total_kv_blocks
-        Capability.REQUEST_ERRORS,  # SSE error event
-        Capability.ENGINE_DEATH,  # surfaces as stream errors / HTTP errors
-        Capability.CALL_UTILITY,  # dev-mode routes (vllm_rs_utilities.ROUTES)
-        Capability.CANCEL_UTILITY,  # the client closes the HTTP connection
-        Capability.CLIENT_REQUEST_ID,  # X-Request-Id
-        Capability.PASS_THROUGH,  # completion-body fields
-    })
+    # DROP: closing the HTTP stream; ABORT: POST /abort_requests (external ids, see abort());
+    # DP_RANK: X-data-parallel-rank; MAX_MODEL_LEN: /v1/models; BLOCK_SIZE, NUM_GPU_BLOCKS:
+    # gRPC Control GetServerInfo; REQUEST_ERRORS: the SSE error event; CALL_UTILITY: dev-mode
+    # routes (vllm_rs_utilities.ROUTES); CANCEL_UTILITY: closing the connection;
+    # CLIENT_REQUEST_ID: X-Request-Id; PASS_THROUGH: completion-body fields. Older releases
+    # lose some (vllm_rs_releases.RsRelease.capabilities).
+    capabilities: frozenset[Capability] = RS_CAPABILITIES
 
-    def __init__(self, extra_args: dict[str, Any] | None = None) -> None:
+    def __init__(self, extra_args: dict[str, Any] | None = None,
+                 release: RsRelease | None = None) -> None:
+        """`release` None: plain `vllm-rs`, the installed 0.33.0 binary."""
         self.extra_args = dict(extra_args or {})
+        self.version = None if release is None else release.version
+        self.release = release or RsRelease(INSTALLED)
+        # The protocol the mock engines speak (CaseContext reads it; a run's --profile wins):
+        # a release's own, since its Rust decoder refuses arrays of any other length.
+        self.protocol_profile: ProtocolProfile | None = None
+        if release is not None:
+            self.name = f"vllm-rs@{release.version}"
+            self.capabilities = release.capabilities
+            self.protocol_profile = profile_for_release(release.version)
         self.port: int | None = None
         self.control: ControlClient | None = None  # the gRPC Control service, once started
         self.proc: subprocess.Popen[bytes] | None = None
@@ -290,17 +212,29 @@ class VllmRsDriver(FrontendDriver):
 
     # ------------------------------------------------------------------ process
 
-    def command(self, in_fd: int, out_fd: int, http_fd: int, group: EngineGroup,
+    def command(self, in_fd: int | str, out_fd: int | str, http_fd: int, group: EngineGroup,
                 ready_timeout: int, grpc_fd: int | None = None) -> list[str]:
-        """The exact command line (also what the report quotes)."""
+        """The exact command line (also what the report quotes), in the release's form:
+        `in_fd`/`out_fd` are inherited listener fds (0.32+) or ipc addresses the binary binds
+        itself (before 0.32)."""
         ranks = [e.rank for e in group.engines]
         start = min(ranks)
         args = {"model_tag": _model_dir(), "engine_ready_timeout_secs": ready_timeout,
                 "http_timeout_keep_alive": 5, **self.extra_args}
-        cmd = [str(_binary()), "frontend", "--listen-fd", str(http_fd),
-               "--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd),
-               "--engine-start-index", str(start), "--engine-count", str(len(ranks)),
-               "--data-parallel-size", str(start + len(ranks))]
+        rel = self.release
+        cmd = [str(_binary(self.version)), "frontend", "--listen-fd", str(http_fd)]
+        if rel.listener_fds:
+            cmd += ["--input-listener-fd", str(in_fd), "--output-listener-fd", str(out_fd)]
+        else:
+            cmd += ["--input-address", str(in_fd), "--output-address", str(out_fd)]
+        if rel.engine_start_index_flag:
+            cmd += ["--engine-start-index", str(start)]
+        elif start != 0:
+            raise UnsupportedOperation(f"vllm-rs {rel.version} has no --engine-start-index "
+                                       f"(from 0.24.0): engine ranks must start at 0")
+        cmd += ["--engine-count", str(len(ranks))]
+        if rel.data_parallel_size_flag:
+            cmd += ["--data-parallel-size", str(start + len(ranks))]
         if grpc_fd is not None:  # the Control service (see vllm_rs_control.py)
             cmd += ["--grpc-listen-fd", str(grpc_fd)]
         if group.stats_address is not None:
@@ -316,19 +250,28 @@ class VllmRsDriver(FrontendDriver):
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         in_path, out_path = self._ipc.path_for("in"), self._ipc.path_for("out")
-        inp, out, http = _unix_listener(in_path), _unix_listener(out_path), _tcp_listener()
-        grpc = _tcp_listener()
-        self._listeners = [inp, out, http, grpc]
+        http = _tcp_listener()
+        self._listeners = [http]
+        in_arg: int | str = "ipc://" + in_path
+        out_arg: int | str = "ipc://" + out_path
+        if self.release.listener_fds:
+            inp, out = _unix_listener(in_path), _unix_listener(out_path)
+            self._listeners += [inp, out]
+            in_arg, out_arg = inp.fileno(), out.fileno()
+        grpc_fd: int | None = None
+        if self.release.grpc_control:
+            grpc = _tcp_listener()
+            self._listeners.append(grpc)
+            self.control = ControlClient(grpc.getsockname()[1])
+            grpc_fd = grpc.fileno()
         self.port = http.getsockname()[1]
-        self.control = ControlClient(grpc.getsockname()[1])
-        fds = [inp.fileno(), out.fileno(), http.fileno(), grpc.fileno()]
+        fds = [sock.fileno() for sock in self._listeners]
         for fd in fds:
             os.set_inheritable(fd, True)
         # Let the binary's own registration timeout fire just before ours, so its reason
         # ("engine input registration timed out after Ns") is in the log we attach.
         ready_timeout = max(1, math.floor(timeout - 0.5))
-        cmd = self.command(inp.fileno(), out.fileno(), http.fileno(), group, ready_timeout,
-                           grpc.fileno())
+        cmd = self.command(in_arg, out_arg, http.fileno(), group, ready_timeout, grpc_fd)
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
         self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
         env = self._environment()
@@ -349,9 +292,9 @@ class VllmRsDriver(FrontendDriver):
         deadline = time.monotonic() + timeout
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         handshake_port, self.port = hs.free_tcp_port(), hs.free_tcp_port()
-        cmd = hs.serve_command(str(_binary()), _model_dir(), hs.write_stand_in(self._ipc.path),
-                               handshake_port, self.port, len(group.engines),
-                               max(1, math.floor(timeout - 0.5)))
+        cmd = hs.serve_command(str(_binary(self.version)), _model_dir(),
+                               hs.write_stand_in(self._ipc.path), handshake_port, self.port,
+                               len(group.engines), max(1, math.floor(timeout - 0.5)))
         self.log_path = os.path.join(self._ipc.path, "vllm-rs.log")
         self._lora = LoraAdapters(self._lora.allowed_dir)  # ids restart with the process
         env = self._environment()
@@ -422,7 +365,7 @@ class VllmRsDriver(FrontendDriver):
 
     async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         """One non-streaming request: (status, body)."""
-        resp = await _open(self._port(), method, path, body)
+        resp = await http_request(self._port(), method, path, body)
         try:
             return resp.status, await resp.read_body()
         finally:
@@ -472,7 +415,8 @@ class VllmRsDriver(FrontendDriver):
         self._streams[id(handle)] = entry
         try:
             # Sent before returning, so requests reach the frontend in call order.
-            entry.response = await _open(self._port(), "POST", "/v1/completions", body, headers)
+            entry.response = await http_request(self._port(), "POST", "/v1/completions", body,
+                                                headers)
         except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
             handle.finish("error", f"connection to vllm-rs failed: {exc}")
             return handle
@@ -574,6 +518,9 @@ class VllmRsDriver(FrontendDriver):
         return request_id
 
     async def abort(self, request_ids: Sequence[str]) -> None:
+        if not self.release.abort_route:
+            raise UnsupportedOperation(f"vllm-rs {self.release.version} has no /abort_requests "
+                                       f"(from 0.24.0)")
         ids = list(dict.fromkeys(self._external_id(r) for r in request_ids))
         if not ids:
             return  # an empty list would abort EVERY request the frontend tracks
@@ -591,6 +538,8 @@ class VllmRsDriver(FrontendDriver):
     async def reset_prefix_cache(self, reset_running_requests: bool = False,
                                  reset_connector: bool = False) -> bool:
         """`reset_connector` is the route's `reset_external` query parameter."""
+        if (reason := self.release.missing_route("reset_prefix_cache")) is not None:
+            raise UnsupportedOperation(reason)
         query = {k: "true" for k, v in (("reset_running_requests", reset_running_requests),
                                          ("reset_external", reset_connector)) if v}
         path = "/reset_prefix_cache" + (f"?{urlencode(query)}" if query else "")
@@ -604,6 +553,8 @@ class VllmRsDriver(FrontendDriver):
         """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities);
         get_weight_version is reachable only through the gRPC Control service, add_lora /
         remove_lora through the LoRA adapter routes."""
+        if (reason := self.release.missing_route(method)) is not None:
+            raise UnsupportedOperation(reason)
         if method == "get_weight_version" and self.control is not None and not args:
             return await self.control.weight_version()
         if method == "add_lora":
@@ -620,6 +571,8 @@ class VllmRsDriver(FrontendDriver):
         models = answer.get("data") if isinstance(answer, dict) else None
         lens = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
         max_len = next((v for v in lens if isinstance(v, int)), None)
+        if not self.release.grpc_control:  # block_size, num_gpu_blocks: not observable
+            return ObservedConfig(max_model_len=max_len, block_size=None, num_gpu_blocks=None)
         if self.control is None:
             raise RuntimeError("vllm-rs driver is not started")
         info = await self.control.server_info()

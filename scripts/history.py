@@ -1,0 +1,63 @@
+"""make history: every case against the Rust frontend of every release -> docs/history.md.
+
+One pytest run per release (`--frontend vllm-rs@X`, results in reports/history/X/), then the
+matrix is rendered from those results.json files. `--render-only` skips the runs (re-renders
+what reports/history/ holds); `-k` narrows the cases (for trying it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.frontends.vllm_rs_releases import RELEASES  # noqa: E402
+from harness.report.history import render_history  # noqa: E402
+
+
+def run_release(release: str, report_dir: Path, workers: str, selection: str | None) -> None:
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-p",
+            "no:cacheprovider", "-n", workers, "--frontend", f"vllm-rs@{release}",
+            "--report-dir", str(report_dir)]
+    if selection:
+        argv += ["-k", selection]
+    print(f"==> vllm-rs@{release}", flush=True)
+    # Exit 1 (a FAIL somewhere) is the expected outcome for old releases; only a missing
+    # results.json means the run itself broke.
+    subprocess.run(argv, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+    if not (report_dir / "results.json").is_file():
+        raise SystemExit(f"history: the run of vllm-rs@{release} wrote no results.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--releases", nargs="*", default=list(RELEASES))
+    parser.add_argument("--report-root", type=Path, default=ROOT / "reports" / "history")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "history.md")
+    parser.add_argument("-n", dest="workers", default="2", help="pytest-xdist workers")
+    parser.add_argument("-k", dest="selection", help="pytest -k expression")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    runs: dict[str, dict[str, Any]] = {}
+    for release in args.releases:
+        report_dir = args.report_root / release
+        if not args.render_only:
+            run_release(release, report_dir, args.workers, args.selection)
+        results = report_dir / "results.json"
+        if results.is_file():
+            runs[release] = json.loads(results.read_text())
+    if not runs:
+        raise SystemExit(f"history: no results under {args.report_root}")
+    args.out.write_text(render_history(runs))
+    print(f"history: {args.out} ({len(runs)} releases)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
