@@ -151,6 +151,6 @@ def test_children_left_by_a_driver_program_are_reaped() -> None:
     tag = f"corewire-grandchild-{uuid.uuid4().hex[:8]}"
     result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}")))
     assert result.verdict is Verdict.PASS, result.message
-    assert any("left processes in its group" in n for n in result.evidence.notes)
+    assert any("driver left 1 process(es) behind" in n for n in result.evidence.notes)
     alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
     assert alive.strip() == "", f"grandchild still running: {alive}"
