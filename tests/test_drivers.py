@@ -253,3 +253,19 @@ def test_stuck_drivers_add_up_to_one_run_level_warning() -> None:
     warning = stuck_driver_warning(notes)
     assert warning is not None and "2 case(s)" in warning and "12.5 s lost" in warning
     assert stuck_driver_warning({"c[x]": notes["c[x]"]}) is None
+
+
+def test_leftovers_that_respawn_on_sigterm_are_ended_too() -> None:
+    """Teardown scans again after ending what it found: a child that answers SIGTERM by
+    starting a new daemon (own session) does not leave that daemon running."""
+    import subprocess
+    import uuid
+
+    tag = f"corewire-respawn-{uuid.uuid4().hex[:8]}"
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"respawning_grandchild:{tag}")))
+    assert result.verdict is Verdict.PASS, result.message
+    note = next((n for n in result.evidence.notes if "driver left" in n), "")
+    assert "driver left 2 process(es) behind" in note and "had left its session" in note, \
+        result.evidence.notes
+    alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+    assert alive.strip() == "", f"respawned daemon still running: {alive}"

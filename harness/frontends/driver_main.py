@@ -10,7 +10,8 @@ may be combined, separated by commas): `exit_at_start`, `crash_on:CMD`, `hang_on
 `wrong_id_on:CMD` (the reply names another id), `truncated_json_on:CMD` (a reply cut off
 mid-object), `stray_mid_stream` (a non-JSON line right after a stream's first output event),
 `grandchild:TAG` (leaves a child running in its process group), `setsid_grandchild:TAG`
-(leaves a daemon that double-forked into its own session), `ignore_shutdown` (never answers
+(leaves a daemon that double-forked into its own session), `respawning_grandchild:TAG` (a child
+that, on SIGTERM, starts a new daemon before exiting), `ignore_shutdown` (never answers
 `shutdown`, ignores SIGTERM and the end of stdin), `flood_stderr:MB` (writes MB megabytes to
 stderr at start),
 `old_protocol` (a first-release program: none of the later capabilities, and a plain
@@ -249,10 +250,31 @@ def leave_children(program: DriverProgram) -> None:
                                   f"import time; time.sleep(300)  # {tag}"])
         log(f"injected grandchild pid {child.pid}")
     for tag in program.has("setsid_grandchild"):  # a daemon: new session, orphaned at once
-        subprocess.Popen([sys.executable, "-c",
-                          "import os, time\nos.setsid()\nif os.fork() == 0:\n"
-                          f"    time.sleep(300)  # {tag}\nos._exit(0)"])
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import os, time\nos.setsid()\nif os.fork() == 0:\n"
+                                  "    print('ready', flush=True)\n"
+                                  f"    time.sleep(300)  # {tag}\nos._exit(0)"],
+                                 stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        child.stdout.readline()  # the daemon runs, in its own session
         log("injected setsid grandchild")
+    for tag in program.has("respawning_grandchild"):  # on SIGTERM: a new daemon, then exit
+        child = subprocess.Popen([sys.executable, "-c", RESPAWNER.replace("TAG", tag)],
+                                 stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        child.stdout.readline()  # its SIGTERM handler is in place
+        log("injected respawning grandchild")
+
+
+RESPAWNER = """import signal, subprocess, sys, time
+def respawn(*_):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # TAG"],
+                     start_new_session=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("ready", flush=True)
+time.sleep(300)
+"""
 
 
 def flood_stderr(megabytes: float) -> None:

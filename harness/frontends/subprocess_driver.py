@@ -60,6 +60,8 @@ KILL_VERIFY_S = 2.0
 # After the program exits, how long stdout may still deliver its last lines before the exit
 # itself is the fault (a child holding stdout open must not hide the exit).
 EXIT_DRAIN_S = 0.3
+# Leftovers are ended and the program's family scanned again this many times at most.
+LEFTOVER_ROUNDS = 3
 # The teardown note of a program that had to be terminated; the run summary adds up the
 # seconds (`stuck_seconds`).
 STUCK_NOTE = re.compile(r"driver (?:did not exit on `shutdown`|ignored|answered `shutdown` but)"
@@ -451,22 +453,38 @@ class SubprocessDriver(FrontendDriver):
     async def _end_leftovers(self, pid: int, seen: dict[int, process_tree.ProcessInfo]
                              ) -> None:
         """Processes the program left (its children in its group, daemons that called
-        setsid(), their children): SIGTERM, SIGKILL, verified gone; noted on the case."""
-        now = process_tree.family(pid, self._token)
-        left = {p: info for p, info in {**seen, **now}.items() if p != pid}
-        if not left:
-            return
-        ending = await process_tree.end_all(left.values(), scaled(TERM_GRACE_S))
-        if not (ending.terminated or ending.killed or ending.survivors):
-            return  # they had already gone with the program
-        ended = ending.terminated + ending.killed + ending.survivors
-        outside = sorted(p for p in ended if left[p].sid != pid)
+        setsid(), their children): SIGTERM, SIGKILL, then a fresh scan verifies that none
+        is left (one that spawned more while dying gets LEFTOVER_ROUNDS tries); noted on
+        the case."""
+        ended: list[int] = []
+        outside: list[int] = []
+        survivors: list[int] = []
+        killed = 0
+        seconds = 0.0
+        left = {p: info for p, info in {**seen, **process_tree.family(pid, self._token)
+                                        }.items() if p != pid}
+        for _ in range(LEFTOVER_ROUNDS):
+            if not left:
+                break
+            ending = await process_tree.end_all(left.values(), scaled(TERM_GRACE_S))
+            found = ending.terminated + ending.killed + ending.survivors
+            ended += found
+            outside += [p for p in found if left[p].sid != pid]
+            killed += len(ending.killed)
+            survivors += ending.survivors
+            seconds += ending.seconds
+            left = {p: info for p, info in process_tree.family(pid, self._token).items()
+                    if p != pid and p not in ended}
+        if left:
+            survivors += sorted(left)
+        if not ended and not survivors:
+            return  # everything had already gone with the program
         self.leftovers.append(
             f"driver left {len(ended)} process(es) behind (pids {sorted(ended)}"
-            + (f"; {outside} had left its session" if outside else "")
-            + f"): {len(ending.terminated)} ended by SIGTERM, {len(ending.killed)} by "
-            f"SIGKILL in {ending.seconds:.1f} s"
-            + (f"; STILL RUNNING: {ending.survivors}" if ending.survivors else ""))
+            + (f"; {sorted(outside)} had left its session" if outside else "")
+            + f"): {len(ended) - killed - len(survivors)} ended by SIGTERM, {killed} by "
+            f"SIGKILL in {seconds:.1f} s"
+            + (f"; STILL RUNNING: {sorted(set(survivors))}" if survivors else ""))
 
     def teardown_notes(self) -> list[str]:
         return list(self.leftovers)
