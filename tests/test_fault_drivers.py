@@ -8,8 +8,9 @@ collected case), and nothing is left: no process carrying the run's marker (gran
 that called setsid() included), no ipc or driver dir in the run's TMPDIR, no fd of this
 process (the in-process half counts /proc/self/fd around one case).
 
-Bounds are stated per fault (seconds of wall clock on the loaded 2-core machine); the
-whole matrix runs in about a minute (57 s measured at load average 11 on the 2 cores).
+Bounds are stated per end-to-end run (GROUPS: seconds of wall clock on the loaded 2-core
+machine, pytest start-up included); the whole matrix runs in about a minute (57 s measured
+at load average 11 on the 2 cores).
 """
 
 from __future__ import annotations
