@@ -142,8 +142,9 @@ class SubprocessDriver(FrontendDriver):
                                               f"the protocol's limit") from None
                 if not line:
                     code = await self._wait_exit(scaled(2.0))
-                    raise DriverFault(f"driver exited (code {code}) "
-                                      f"{self._pending_text()}".rstrip())
+                    what = ("driver closed its stdout and kept running" if code is None
+                            else f"driver exited (code {code})")
+                    raise DriverFault(f"{what} {self._pending_text()}".rstrip())
                 if not line.strip():
                     continue
                 self._dispatch(decode_line(line))
