@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.frontends.driver import (
     Capability,
+    CommandTimeout,
     FrontendDriver,
     FrontendError,
     StartupError,
@@ -159,9 +160,11 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         verdict = grade_unmet(spec.level)
         ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
         message = str(exc)
+    except CommandTimeout as exc:
+        verdict, message = Verdict.TIMEOUT, f"driver: {exc}"
     except (asyncio.TimeoutError, TimeoutError) as exc:
         verdict = Verdict.TIMEOUT
-        message = f"no outcome within the case bound ({str(exc) or type(exc).__name__})"
+        message = _case_timeout_message(spec, driver, exc)
     except StartupError as exc:
         verdict, message = grade_unmet(spec.level), f"frontend did not start: {exc}"
         if verdict is Verdict.INFO:
@@ -175,6 +178,11 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         verdict = Verdict.ERROR
         message = f"{type(exc).__name__}: {exc}"
         ctx.note(traceback.format_exc(limit=6))
+    fault = driver.fault()  # before teardown: the exit teardown asks for is no fault
+    if fault is not None and verdict is not Verdict.ERROR:
+        # What the case saw came through a broken driver: not frontend behaviour to grade.
+        ctx.note(f"outcome before the driver fault (not graded): {verdict.value}: {message}")
+        verdict, message = Verdict.ERROR, f"driver fault: {fault}"
     problems = await ctx.close()
     for problem in problems:
         ctx.note(f"teardown: {problem}")
@@ -187,6 +195,15 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     if verdict is not Verdict.PASS and ctx.group is not None:
         _attach_transcript(result, ctx.group, transcript_dir)
     return result
+
+
+def _case_timeout_message(spec: CaseSpec, driver: FrontendDriver, exc: BaseException) -> str:
+    """Names the driver command(s) left unanswered when the case bound ran out."""
+    detail = str(exc) or f"{scaled(spec.timeout):.1f} s"
+    waiting = driver.unanswered()
+    if waiting:
+        return f"no outcome within the case bound ({detail}); no reply to {', '.join(waiting)}"
+    return f"no outcome within the case bound ({detail})"
 
 
 def transcript_file_name(case_id: str, frontend: str) -> str:

@@ -252,5 +252,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             flag = " (baselined)" if r.baseline else ""
             tr.write_line(f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: "
                           f"{r.message[:110]}")
+    from harness.frontends.subprocess_driver import stuck_driver_warning
+
+    warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
+                                    for r in results})
+    if warning:
+        tr.write_line(warning, yellow=True, bold=True)
     tr.write_line(f"reports: {os.path.join(config.getoption('report_dir'), 'results.json')}, "
                   f"{os.path.join(config.getoption('report_dir'), 'report.html')}")
