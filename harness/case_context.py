@@ -138,6 +138,7 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     ctx = CaseContext(spec, driver)
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
+    cancelled = False
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
@@ -168,7 +169,11 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         verdict = Verdict.ERROR
         message = f"{type(exc).__name__}: {exc}"
         ctx.note(traceback.format_exc(limit=6))
-    problems = await ctx.close()
+    except asyncio.CancelledError:  # interrupted (SIGINT/SIGTERM): tear down, no verdict
+        cancelled = True
+    problems, cancelled_in_close = await _close_to_the_end(ctx)
+    if cancelled or cancelled_in_close:
+        raise asyncio.CancelledError
     for problem in problems:
         ctx.note(f"teardown: {problem}")
     diagnostics = driver.diagnostics()
@@ -180,6 +185,21 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     if verdict is not Verdict.PASS and ctx.group is not None:
         _attach_transcript(result, ctx.group, transcript_dir)
     return result
+
+
+async def _close_to_the_end(ctx: CaseContext) -> tuple[list[str], bool]:
+    """Teardown that a cancellation (an interrupt) cannot cut short: engines, driver and
+    ipc dir are gone when this returns. Also says whether it was cancelled meanwhile."""
+    closing = asyncio.ensure_future(ctx.close())
+    cancelled = False
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            cancelled = True
+    if closing.cancelled():  # only when the whole event loop is being torn down
+        return ["teardown cancelled"], True
+    return closing.result(), cancelled
 
 
 def transcript_file_name(case_id: str, frontend: str) -> str:

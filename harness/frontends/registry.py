@@ -11,7 +11,7 @@ REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
-PREFIXES = ("subprocess:", "mutant:", "kv:")
+PREFIXES = ("subprocess:", "mutant:", "kv:", "ec:")
 
 
 def check_spec(spec: str) -> None:
