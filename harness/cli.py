@@ -9,6 +9,7 @@ Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL 
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
 4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
 every command exits 4 with one line (no traceback) on unreadable or malformed input.
+The table, interrupts and report-set rules: docs/cli.md.
 """
 
 from __future__ import annotations

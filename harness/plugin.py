@@ -284,7 +284,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     then where the evidence is."""
     results: list[CaseResult] = getattr(config, "_corewire_results", [])
     partial: str | None = getattr(config, "_corewire_partial", None)
-    if _is_worker(config) or (not results and partial is None):
+    if _is_worker(config):
+        return
+    if not results and partial is None:
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
+                                        "matched no case")
         return
     counts: dict[str, int] = {}
     for r in results:
