@@ -127,6 +127,7 @@ def test_interrupt_keeps_finished_verdicts_and_leaves_nothing(
                  for case in suite}
         assert {f"{case}[{fe}]" for case, fe in finished} <= junit
         assert f"PARTIAL: interrupted by {sig.name}" in run.output()
+        assert "session leaked" not in run.output() and "INTERNALERROR" not in run.output()
 
         deadline = time.monotonic() + 5  # the kernel reaps the last exits
         while _marked(run.mark) and time.monotonic() < deadline:
