@@ -88,8 +88,8 @@ def _terminal_is_ours(config: pytest.Config) -> None:
     pytest's failure pages; `--tb` / `-r` given on the command line still win."""
     if config.option.tbstyle == "auto":
         config.option.tbstyle = "no"
-    if config.option.reportchars == "fE":  # pytest's default
-        config.option.reportchars = ""
+    if config.option.reportchars == "fE":  # pytest's default: keep errors outside cases
+        config.option.reportchars = "E"  # (a leak found at session end, a fixture fault)
 
 
 def _filtered(config: pytest.Config) -> bool:
