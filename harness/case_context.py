@@ -146,6 +146,7 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     ctx = CaseContext(spec, driver, profile)
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
+    cancelled = False
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
@@ -178,12 +179,16 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         verdict = Verdict.ERROR
         message = f"{type(exc).__name__}: {exc}"
         ctx.note(traceback.format_exc(limit=6))
+    except asyncio.CancelledError:  # interrupted (SIGINT/SIGTERM): tear down, no verdict
+        cancelled = True
     fault = driver.fault()  # before teardown: the exit teardown asks for is no fault
-    if fault is not None and verdict is not Verdict.ERROR:
+    if fault is not None and verdict is not Verdict.ERROR and not cancelled:
         # What the case saw came through a broken driver: not frontend behaviour to grade.
         ctx.note(f"outcome before the driver fault (not graded): {verdict.value}: {message}")
         verdict, message = Verdict.ERROR, f"driver fault: {fault}"
-    problems = await ctx.close()
+    problems, cancelled_in_close = await _close_to_the_end(ctx)
+    if cancelled or cancelled_in_close:
+        raise asyncio.CancelledError
     for problem in problems:
         ctx.note(f"teardown: {problem}")
     diagnostics = driver.diagnostics()
@@ -204,6 +209,21 @@ def _case_timeout_message(spec: CaseSpec, driver: FrontendDriver, exc: BaseExcep
     if waiting:
         return f"no outcome within the case bound ({detail}); no reply to {', '.join(waiting)}"
     return f"no outcome within the case bound ({detail})"
+
+
+async def _close_to_the_end(ctx: CaseContext) -> tuple[list[str], bool]:
+    """Teardown that a cancellation (an interrupt) cannot cut short: engines, driver and
+    ipc dir are gone when this returns. Also says whether it was cancelled meanwhile."""
+    closing = asyncio.ensure_future(ctx.close())
+    cancelled = False
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            cancelled = True
+    if closing.cancelled():  # only when the whole event loop is being torn down
+        return ["teardown cancelled"], True
+    return closing.result(), cancelled
 
 
 def transcript_file_name(case_id: str, frontend: str) -> str:
