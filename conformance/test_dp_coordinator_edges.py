@@ -235,8 +235,10 @@ for _n, _slow in ((2, 1), (3, 0), (3, 2)):
             subscribed = [r.t for r in records
                           if r.rank == slow and r.direction == "out"
                           and r.note == "subscription"]
-            ready = {r.rank: r.t for r in records
-                     if r.direction == "in" and r.note == "READY"}
+            ready: dict[int, float] = {}  # each engine's first READY
+            for r in records:
+                if r.direction == "in" and r.note == "READY":
+                    ready.setdefault(r.rank, r.t)
             early = sorted(rank for rank, t in ready.items()
                            if subscribed and t < subscribed[0])
             ctx.require(bool(subscribed) and len(ready) == n and not early,
