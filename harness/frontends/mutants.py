@@ -692,6 +692,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ec.CoordinatorReadyOneEarly),
     Mutant("coordinator_late_subscription_ignored", "a re-subscribing engine gets no READY",
            ec.CoordinatorLateSubscriptionIgnored),
+    Mutant("rank_refusal_unexplained", "an out-of-range data_parallel_rank is refused "
+           "without naming it", ec.RankRefusalUnexplained),
 ]}
 
 

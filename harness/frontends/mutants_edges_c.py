@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.frontends.driver import FrontendError
 from harness.frontends.reference.coordinator import (
     READY,
     SUBSCRIBE_ALL,
@@ -110,3 +111,13 @@ class CoordinatorLateSubscriptionIgnored(ReferenceFrontendCore):
     """READY is published once at startup; an engine that subscribes again gets none."""
 
     coordinator_class = _OnceOnlyGateCoordinator
+
+
+class RankRefusalUnexplained(ReferenceFrontendCore):
+    """An out-of-range data_parallel_rank is refused without saying which rank."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        try:
+            return super().route(data_parallel_rank)
+        except FrontendError:
+            raise FrontendError("invalid data_parallel_rank") from None
