@@ -62,8 +62,9 @@ class CoordinatorLink:
     def subscribe(self) -> None:
         """Send the subscription `b"\\x01"` (again: an engine whose XSUB reconnected)."""
         assert self.sub is not None
+        sent_at = time.monotonic()  # before the send: a reply can be recorded first
         self.sub.send(SUBSCRIBE_ALL)
-        self._record("out", (SUBSCRIBE_ALL,), None, "subscription")
+        self._record("out", (SUBSCRIBE_ALL,), None, "subscription", at=sent_at)
 
     def send_upstream(self, frame: bytes) -> None:
         """Send an arbitrary upstream frame on the XSUB (not a subscription: a misbehaving
@@ -133,8 +134,9 @@ class CoordinatorLink:
         self._record("out", tuple(frames), None, "raw to coordinator")
 
     def _record(self, direction: str, frames: tuple[bytes, ...], message: object, note: str,
-                error: ProtocolError | None = None) -> None:
-        self.core.transcript.append(Record(time.monotonic(), self.core.rank,
+                error: ProtocolError | None = None, at: float | None = None) -> None:
+        self.core.transcript.append(Record(time.monotonic() if at is None else at,
+                                           self.core.rank,
                                            "in" if direction == "in" else "out",
                                            "coordinator", frames, message, error, note))
 
