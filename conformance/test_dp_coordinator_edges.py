@@ -284,3 +284,40 @@ async def late_subscription(ctx: CaseContext) -> None:
                 observed={e.rank: [(w.wave, w.exclude_engine_index)
                                    for w in group.transcript.start_dp_waves(e.rank)]
                           for e in group.engines})
+
+
+# ---------------------------------------------------------------- DP control on the main path
+
+CONTROL = ("rust client.rs client_fail_closes_when_main_output_path_receives_dp_control; "
+           "rust error.rs UnexpectedDispatcherOutput 'unexpected output on main dispatcher "
+           "path: {message}'; vllm/v1/engine/core.py:2078-2090 (client_index -1 -> "
+           "coordinator only)")
+
+for _kind in ("start_wave", "wave_complete"):
+    def _make_control_text(kind: str = _kind) -> None:
+        @case(f"dp.wave.{kind}_on_main_path_error_says_why", Level.SHOULD,
+              f"When a {kind} message reaches the main output path and the client fails "
+              "closed, the open stream's error should say why: that DP control arrived on "
+              "the main output path (vllm-rs: 'unexpected output on main dispatcher path').",
+              source=CONTROL, needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
+        async def control_text(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(2)])
+            handle = await ctx.driver.generate(prompt(670), 50)
+            await handle.wait_first(ctx.t(3))
+            control = (m.EngineCoreOutputs(1, start_wave=3) if kind == "start_wave"
+                       else m.EngineCoreOutputs(1, wave_complete=0))
+            group[1].send_garbage(group.codec.encode_outputs(control))
+            ended = await ctx.wait_until(lambda: handle.ended, 3)
+            ctx.require(ended and handle.finish_reason == "error",
+                        expected=f"the open stream ends with an error after {kind}",
+                        observed=("still open (the message was ignored)" if not ended
+                                  else f"{handle.finish_reason} error={handle.error}"))
+            said = re.search(r"main (output|dispatcher) path", handle.error or "",
+                             re.IGNORECASE)
+            ctx.require(said is not None,
+                        expected="the error says it came from the main output path",
+                        observed=f"error {handle.error!r}")
+
+        globals()[f"control_text_{kind}"] = control_text
+    _make_control_text()

@@ -694,6 +694,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ec.CoordinatorLateSubscriptionIgnored),
     Mutant("rank_refusal_unexplained", "an out-of-range data_parallel_rank is refused "
            "without naming it", ec.RankRefusalUnexplained),
+    Mutant("dp_control_unexplained", "DP control on the main output path fails the client "
+           "with no cause", ec.DpControlUnexplained),
 ]}
 
 

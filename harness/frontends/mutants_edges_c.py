@@ -121,3 +121,10 @@ class RankRefusalUnexplained(ReferenceFrontendCore):
             return super().route(data_parallel_rank)
         except FrontendError:
             raise FrontendError("invalid data_parallel_rank") from None
+
+
+class DpControlUnexplained(ReferenceFrontendCore):
+    """DP control on the main output path fails the client closed without saying why."""
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        self.mark_dead("engine failure")
