@@ -73,6 +73,18 @@ class MockEngine:
         """One engine -> coordinator message, as vLLM's output thread sends client -1."""
         self._runner().send_coordinator(outputs)
 
+    def send_coordinator_raw(self, frames: list[bytes]) -> None:
+        """Raw frames on the coordinator path (undecodable bytes, ENGINE_CORE_DEAD)."""
+        self._runner().send_coordinator_raw(frames)
+
+    def coordinator_upstream(self, frame: bytes) -> None:
+        """A non-subscription message up the engine's XSUB to the coordinator's XPUB."""
+        self._runner().coordinator_upstream(frame)
+
+    def coordinator_resubscribe(self) -> None:
+        """Subscribe again, as an engine whose coordinator connection was re-established."""
+        self._runner().coordinator_resubscribe()
+
     def start_wave(self, wave: int) -> None:
         """"I started wave `wave`" (an idle engine got a request, core.py:2374-2385)."""
         self.send_coordinator(m.EngineCoreOutputs(start_wave=wave))

@@ -134,6 +134,15 @@ class EngineRunner:
         """Send one engine -> coordinator message (start_wave / wave_complete / stats)."""
         self.call(lambda: self.coordinator.send(outputs))
 
+    def send_coordinator_raw(self, frames: list[bytes]) -> None:
+        self.call(lambda: self.coordinator.send_raw(frames))
+
+    def coordinator_upstream(self, frame: bytes) -> None:
+        self.call(lambda: self.coordinator.send_upstream(frame))
+
+    def coordinator_resubscribe(self) -> None:
+        self.call(self.coordinator.subscribe)
+
     # ------------------------------------------------------------------ thread
 
     def _wake(self) -> None:

@@ -213,6 +213,9 @@ class EngineScript:
     hello_payload: bytes | None = None
     hello_repeats: int = 1
     ready_before_hello: bool = False
+    # Handshake mode with a frontend-owned coordinator: seconds between connecting to the
+    # coordinator and sending the subscription (a slow engine; the READY gate must wait).
+    coordinator_subscribe_delay: float = 0.0
     # Handshake READY's `parallel_config_hash` (a real engine's is its config's hash; a MoE
     # frontend checks it, utils.py:1565-1580): set by drivers that know the frontend's config.
     parallel_config_hash: str | None = None

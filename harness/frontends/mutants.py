@@ -16,6 +16,7 @@ from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
+from harness.frontends import mutants_edges_c as ec
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -678,6 +679,23 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "request", eb.ContinuationOfAnyLiveRequest),
     Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
            eb.EndedSessionStillContinuable),
+    # -- mutation survivors C (coordinator, DP) --
+    Mutant("coordinator_load_ignored", "stats-only messages on the coordinator path carry "
+           "no load to routing", ec.CoordinatorLoadIgnored),
+    Mutant("coordinator_waiting_ignored", "only running requests count as load on the "
+           "coordinator path", ec.CoordinatorWaitingIgnored),
+    Mutant("coordinator_miswiring_tolerated", "request outputs / utility replies / finished "
+           "ids on the coordinator path are dropped", ec.CoordinatorMiswiringTolerated),
+    Mutant("coordinator_error_without_cause", "a coordinator-path failure names neither "
+           "the engine nor what it sent", ec.CoordinatorErrorWithoutCause),
+    Mutant("coordinator_ready_one_early", "READY published one subscription early",
+           ec.CoordinatorReadyOneEarly),
+    Mutant("coordinator_late_subscription_ignored", "a re-subscribing engine gets no READY",
+           ec.CoordinatorLateSubscriptionIgnored),
+    Mutant("rank_refusal_unexplained", "an out-of-range data_parallel_rank is refused "
+           "without naming it", ec.RankRefusalUnexplained),
+    Mutant("dp_control_unexplained", "DP control on the main output path fails the client "
+           "with no cause", ec.DpControlUnexplained),
 ]}
 
 
