@@ -120,6 +120,9 @@ class MockCoordinator:
         self.failure: BaseException | None = None
         self.wave = 0
         self.running: bool | None = None  # None: published as "any engine has live work"
+        # (waiting, running) per engine published instead of the engines' live counts (a
+        # stale snapshot): routing then rests on the frontend's own in-flight counts.
+        self.counts_override: list[tuple[int, int]] | None = None
         # Raw payloads published (once each, in order) before the next regular publication:
         # undecodable stats a frontend must survive.
         self.inject: list[bytes] = []
@@ -165,7 +168,9 @@ class MockCoordinator:
                                                   "coordinator", (raw,), None, None,
                                                   "injected"))
                 if time.monotonic() >= next_publish:
-                    counts = [(w, r, 0.0) for w, r in (e.core.counts() for e in self._engines)]
+                    live = (self.counts_override if self.counts_override is not None
+                            else [e.core.counts() for e in self._engines])
+                    counts = [(w, r, 0.0) for w, r in live]
                     running = (any(r for _, r, _ in counts) if self.running is None
                                else self.running)
                     update = m.DPStatsUpdate(counts, self.wave, running)

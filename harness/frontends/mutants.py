@@ -16,6 +16,7 @@ from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
+from harness.frontends import mutants_edges_d as ed
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -678,6 +679,22 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "request", eb.ContinuationOfAnyLiveRequest),
     Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
            eb.EndedSessionStillContinuable),
+    # -- mutation survivors D (outputs, requests) --
+    Mutant("add_without_eos", "ADDs carry no EOS token id", ed.AddWithoutEos),
+    Mutant("add_default_temperature", "ADDs carry temperature 1.0 for a greedy request",
+           ed.AddDefaultTemperature),
+    Mutant("add_without_external_id", "ADDs carry no external_req_id",
+           ed.AddWithoutExternalId),
+    Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",
+           ed.PinnedRankNotStamped),
+    Mutant("request_error_message_dropped", "an engine's RequestError message never "
+           "reaches the client", ed.RequestErrorMessageDropped),
+    Mutant("inflight_reset_when_one_ends", "an engine's in-flight count reset when one of "
+           "its requests ends", ed.InflightResetWhenOneEnds),
+    Mutant("abort_keeps_routing_slot", "explicitly aborted requests keep counting for "
+           "routing", ed.AbortKeepsRoutingSlot),
+    Mutant("stop_end_keeps_routing_slot", "requests ended at a stop string keep counting "
+           "for routing", ed.StopEndKeepsRoutingSlot),
 ]}
 
 
