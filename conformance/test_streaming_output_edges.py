@@ -185,3 +185,92 @@ for _phase in PHASES:
     for _n in (1, 2):
         _make_error_message(_phase, _n)
 
+
+
+# ----------------------------------------------------------------- tensor beside fields
+
+KV = {"do_remote_prefill": False, "remote_engine_id": "e-1"}
+EMBED_ROWS = [[r + c / 64 for c in range(8)] for r in range(3)]
+
+
+def _make_embeds_only_as_tensor(with_kv: bool) -> None:
+    name = "with_kv_transfer_params" if with_kv else "alone"
+    want = {"kv_transfer_params": KV} if with_kv else None
+    beside = "exactly the kv_transfer_params sent beside it" if with_kv else "nothing at all"
+
+    @case(f"streaming.inputs.prompt_embeds_not_in_extra_args_{name}", Level.MUST,
+          "prompt_embeds travels only as the ADD's tensor field: SamplingParams.extra_args "
+          f"carries no copy of it ({beside}).",
+          source="vllm 0.33.0 v1/engine/__init__.py EngineCoreRequest.prompt_embeds (field "
+                 "9); v1/request.py:118-125 (extra_args holds kv/ec_transfer_params only)",
+          needs=[Capability.GENERATE, Capability.INPUT_TENSORS,
+                 *([Capability.PASS_THROUGH] if with_kv else [])])
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(7)
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
+        params: dict[str, object] = {"prompt_embeds": EMBED_ROWS}
+        if with_kv:
+            params["kv_transfer_params"] = KV
+        handle = await ctx.driver.generate(p, 2, params=params)
+        await ctx.wait_until(lambda: handle.ended, 3)
+        adds = [r for r in group.transcript.adds() if r.prompt_token_ids == p]
+        ctx.require(len(adds) == 1 and adds[0].prompt_embeds is not None,
+                    expected="one ADD carrying prompt_embeds",
+                    observed=f"{len(adds)} ADD(s)")
+        sp = adds[0].sampling_params
+        extra = sp.extra_args if sp is not None else "no sampling_params"
+        ctx.require((extra or None) == want, expected=f"extra_args {want}",
+                    observed=f"extra_args {extra!r:.200}")
+
+    run.__name__ = run.__qualname__ = f"embeds_only_as_tensor_{name}"
+    globals()[run.__name__] = run
+
+
+for _with_kv in (False, True):
+    _make_embeds_only_as_tensor(_with_kv)
+
+
+# ----------------------------------------------------------------- load in scheduler_stats
+
+STATS_SRC = ("rust-client.md §1.6 (apply_scheduler_stats: an engine's last scheduler_stats "
+             "{waiting, running} is its routing load); contract-coverage.md #9; vllm 0.33.0 "
+             "SchedulerStats num_waiting_reqs / num_running_reqs")
+STATS_LOADS = {
+    "running_2_engines": [(0, 4), (0, 0)],
+    "waiting_2_engines": [(4, 0), (0, 0)],
+    "mixed_3_engines": [(3, 0), (0, 3), (0, 0)],
+}
+
+
+def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
+    idle = loads.index((0, 0))
+
+    @case(f"dp.routing.scheduler_stats_load_{name}", Level.SHOULD,
+          f"Load that engines report only in the scheduler_stats of their outputs ((waiting, "
+          f"running) {loads}; the DP coordinator publishes nothing meanwhile) should count for "
+          f"routing: an unpinned request goes to engine {idle}, the idle one.",
+          source=STATS_SRC, needs=[Capability.GENERATE, Capability.DP_RANK])
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(log_stats=True, reported_load=load)
+                                 for load in loads])
+        if group.coordinator is not None:  # silent: the load is only in scheduler_stats
+            group.coordinator.publishing = False
+        for rank in range(len(loads)):  # one finished request each: stats on every path
+            warm = await ctx.driver.generate(prompt(300 + rank), 2, data_parallel_rank=rank)
+            await warm.wait(ctx.t(3))
+        await ctx.quiet(0.3)  # the stats-only messages after each engine went idle land
+        p = prompt(399)
+        handle = await ctx.driver.generate(p, 2)
+        await handle.wait(ctx.t(3))
+        found = next((r for r in range(len(loads))
+                      if any(a.prompt_token_ids == p for a in group.transcript.adds(r))),
+                     None)
+        ctx.require(found == idle, expected=f"the unpinned request at engine {idle}",
+                    observed=f"at engine {found}")
+
+    run.__name__ = run.__qualname__ = f"stats_only_load_{name}"
+    globals()[run.__name__] = run
+
+
+for _name, _loads in STATS_LOADS.items():
+    _make_stats_only_load(_name, _loads)

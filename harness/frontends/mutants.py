@@ -695,6 +695,12 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "routing", ed.AbortKeepsRoutingSlot),
     Mutant("stop_end_keeps_routing_slot", "requests ended at a stop string keep counting "
            "for routing", ed.StopEndKeepsRoutingSlot),
+    Mutant("embeds_copied_into_extra_args", "prompt_embeds also copied into extra_args",
+           ed.EmbedsCopiedIntoExtraArgs),
+    Mutant("load_report_waiting_ignored", "waiting requests in load reports ignored",
+           ed.LoadReportWaitingIgnored),
+    Mutant("scheduler_stats_not_routed", "scheduler_stats never count for routing",
+           ed.SchedulerStatsNotRouted),
 ]}
 
 

@@ -11,7 +11,13 @@ from typing import Any
 import msgspec
 
 from harness.frontends.driver import StreamHandle
-from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
+from harness.frontends.reference.core import (
+    PendingUtility,
+    ReferenceFrontendCore,
+    RequestState,
+    Send,
+)
+from harness.wire import ProtocolError
 from harness.wire import messages as m
 from harness.wire.codec import AddRequest
 
@@ -119,3 +125,39 @@ class StopEndKeepsRoutingSlot(ReferenceFrontendCore):
     def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
         super().end_at_stop(state, engine_finished)
         self.engines[state.rank].inflight += 1
+
+
+# ----------------------------------------------------------------- pass-through, load
+
+
+class EmbedsCopiedIntoExtraArgs(ReferenceFrontendCore):
+    """Every generate() param except cache_salt is copied into extra_args, prompt_embeds
+    included: the tensor travels twice, once as a list of floats in SamplingParams."""
+
+    def pass_through(self, params: Mapping[str, Any] | None
+                     ) -> tuple[dict[str, Any] | None, str | None]:
+        fields = dict(params or {})
+        cache_salt = fields.pop("cache_salt", None)
+        return (fields or None), cache_salt
+
+
+class LoadReportWaitingIgnored(ReferenceFrontendCore):
+    """An engine's load is its running requests only: queued (waiting) ones are ignored."""
+
+    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
+        super().on_load_report(rank, 0, running)
+
+
+class SchedulerStatsNotRouted(ReferenceFrontendCore):
+    """scheduler_stats on the output path are dropped (metrics only): routing sees load
+    only from the coordinator's publications and its own in-flight counts."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        try:
+            message = self.codec.decode_outputs(frames)
+        except ProtocolError:
+            return super().on_output(frames)
+        if isinstance(message, m.EngineCoreOutputs) and message.scheduler_stats is not None:
+            frames = self.codec.encode_outputs(
+                msgspec.structs.replace(message, scheduler_stats=None))
+        return super().on_output(frames)
