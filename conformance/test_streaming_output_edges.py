@@ -251,8 +251,8 @@ def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
           f"routing: an unpinned request goes to engine {idle}, the idle one.",
           source=STATS_SRC, needs=[Capability.GENERATE, Capability.DP_RANK])
     async def run(ctx: CaseContext) -> None:
-        group = await ctx.start([EngineScript(log_stats=True, reported_load=load)
-                                 for load in loads])
+        group = await ctx.start([EngineScript(log_stats=True, reported_load=load,
+                                              load_in_stats_only=True) for load in loads])
         if group.coordinator is not None:  # silent: the load is only in scheduler_stats
             group.coordinator.publishing = False
         for rank in range(len(loads)):  # one finished request each: stats on every path

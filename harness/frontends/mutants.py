@@ -701,6 +701,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ed.LoadReportWaitingIgnored),
     Mutant("scheduler_stats_not_routed", "scheduler_stats never count for routing",
            ed.SchedulerStatsNotRouted),
+    Mutant("aborts_batched_over_one_second", "dropped streams aborted after a 1 s "
+           "batching window", ed.AbortsBatchedOverOneSecond),
 ]}
 
 

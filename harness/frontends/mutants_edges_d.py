@@ -5,6 +5,7 @@ blind spot a mutmut survivor showed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -161,3 +162,23 @@ class SchedulerStatsNotRouted(ReferenceFrontendCore):
             frames = self.codec.encode_outputs(
                 msgspec.structs.replace(message, scheduler_stats=None))
         return super().on_output(frames)
+
+
+class AbortsBatchedOverOneSecond(ReferenceFrontendCore):
+    """Dropped streams are aborted in batches collected over a 1 s window: each ABORT
+    reaches its engine up to a second late (vLLM's clients send at once)."""
+
+    window = 1.0
+
+    def drain_drops(self) -> list[Send]:
+        if not self.pending_drops:
+            self._window_opened: float | None = None
+            return super().drain_drops()
+        opened = getattr(self, "_window_opened", None)
+        if opened is None:
+            self._window_opened = opened = time.monotonic()
+        if time.monotonic() - opened < self.window:
+            time.sleep(0.01)  # the drain loop comes straight back while ids are queued
+            return []
+        self._window_opened = None
+        return super().drain_drops()
