@@ -274,3 +274,40 @@ def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
 
 for _name, _loads in STATS_LOADS.items():
     _make_stats_only_load(_name, _loads)
+
+
+# ----------------------------------------------------------------- held-back stop text
+
+HOLD_STOP = "zzzzzz"  # never matched; holds back the last 5 characters of the text
+
+
+def _make_held_released(kind: F) -> None:
+    name = kind.name.lower()
+    reason = "abort" if kind is F.ABORT else "error"
+
+    @case(f"streaming.stop_edge.held_text_released_on_engine_{name}", Level.MUST,
+          f"A stop-string request the engine ends with {kind.name} in an output carrying no "
+          f"new token still gets the text held back for the stop string: the stream ends "
+          f"{reason!r} with tokens [100, 101] and text ' t100 t101', nothing lost.",
+          source=("vllm/v1/engine/detokenizer.py get_next_output_text (no buffer held back "
+                  "once finished); output_processor.py (a finished output flushes the text)"),
+          needs=[Capability.GENERATE, Capability.STOP_STRINGS,
+                 *([Capability.REQUEST_ERRORS] if kind is F.ERROR else [])])
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        steps: list[Step] = [Emit([100], 0.02), Emit([101], 0.02), Finish(kind, delay=0.05)]
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        h = await ctx.driver.generate(p, 50, stop=[HOLD_STOP])
+        ended = await ctx.wait_until(lambda: h.ended, 3)
+        ctx.require(ended and h.finish_reason == reason,
+                    expected=f"the stream ends {reason!r}", observed=_describe(h))
+        ctx.require(h.tokens == [100, 101] and h.text == " t100 t101",
+                    expected="tokens [100, 101], text ' t100 t101' (the held-back ' t101' "
+                             "delivered at the end)", observed=f"{h.tokens} {h.text!r}")
+
+    run.__name__ = run.__qualname__ = f"held_text_released_{name}"
+    globals()[run.__name__] = run
+
+
+for _kind in (F.ABORT, F.ERROR):
+    _make_held_released(_kind)

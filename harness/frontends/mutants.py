@@ -703,6 +703,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            ed.SchedulerStatsNotRouted),
     Mutant("aborts_batched_over_one_second", "dropped streams aborted after a 1 s "
            "batching window", ed.AbortsBatchedOverOneSecond),
+    Mutant("held_text_lost_at_finish", "stop-string hold-back text dropped when the "
+           "engine ends the stream without a token", ed.HeldTextLostAtFinish),
 ]}
 
 

@@ -182,3 +182,14 @@ class AbortsBatchedOverOneSecond(ReferenceFrontendCore):
             return []
         self._window_opened = None
         return super().drain_drops()
+
+
+class HeldTextLostAtFinish(ReferenceFrontendCore):
+    """Text held back for a stop string is discarded when the stream ends any other way
+    than through a token (an engine ABORT or ERROR without tokens, an abort)."""
+
+    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        if state is not None:
+            state.held_text = ""
+        super()._finish(rid, reason, error)
