@@ -311,3 +311,31 @@ def _make_held_released(kind: F) -> None:
 
 for _kind in (F.ABORT, F.ERROR):
     _make_held_released(_kind)
+
+
+@case("dp.routing.scheduler_stats_idle_report_counts_zero", Level.MUST,
+      "An engine whose latest scheduler_stats (the stats-only message it sends once idle) "
+      "report 0 waiting and 0 running counts as idle: an unpinned request goes there, not "
+      "to the engine with one of this client's requests in flight (the DP coordinator "
+      "publishes nothing meanwhile).", source=STATS_SRC,
+      needs=[Capability.GENERATE, Capability.DP_RANK])
+async def stats_idle_report_counts_zero(ctx: CaseContext) -> None:
+    # Engine 1 reports stats (log_stats); engine 0 does not and holds one request.
+    group = await ctx.start([EngineScript(rules=[by_prompt(prompt(310), [Emit([100])])],
+                                          report_finished=True),
+                             EngineScript(log_stats=True, report_finished=True)])
+    if group.coordinator is not None:
+        group.coordinator.publishing = False
+    busy = await ctx.driver.generate(prompt(310), 50, data_parallel_rank=0)
+    warm = await ctx.driver.generate(prompt(311), 2, data_parallel_rank=1)
+    await busy.wait_first(ctx.t(3))
+    await warm.wait(ctx.t(3))
+    await ctx.quiet(0.3)  # engine 1's stats-only message after it went idle lands
+    p = prompt(399)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = next((r for r in range(2)
+                  if any(a.prompt_token_ids == p for a in group.transcript.adds(r))), None)
+    ctx.require(found == 1, expected="the unpinned request at engine 1 (reported 0 waiting, "
+                                     "0 running; engine 0 has 1 in flight)",
+                observed=f"at engine {found}")

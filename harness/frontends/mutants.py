@@ -705,6 +705,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "batching window", ed.AbortsBatchedOverOneSecond),
     Mutant("held_text_lost_at_finish", "stop-string hold-back text dropped when the "
            "engine ends the stream without a token", ed.HeldTextLostAtFinish),
+    Mutant("load_reports_only_rise", "load reports never lower an engine's load",
+           ed.LoadReportsOnlyRise),
 ]}
 
 

@@ -193,3 +193,15 @@ class HeldTextLostAtFinish(ReferenceFrontendCore):
         if state is not None:
             state.held_text = ""
         super()._finish(rid, reason, error)
+
+
+
+class LoadReportsOnlyRise(ReferenceFrontendCore):
+    """A load report raises an engine's reported load but never lowers it (merged with
+    max() instead of replaced): an engine that went idle still looks busy."""
+
+    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
+        before = self.engines[rank].reported if rank in self.engines else 0
+        super().on_load_report(rank, waiting, running)
+        if rank in self.engines:
+            self.engines[rank].reported = max(before, self.engines[rank].reported)
