@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.case_context import CaseContext
 from harness.casekit import prompt
-from harness.frontends.driver import Capability, StreamHandle
+from harness.frontends.driver import Capability, StreamHandle, UnsupportedOperation
 from harness.verdicts import Level, case
 from harness.vocab import EOS_TOKEN_ID
 from harness.wire import messages as m
@@ -88,8 +88,13 @@ async def add_external_generated(ctx: CaseContext) -> None:
 async def add_external_client(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     chosen = ["user-req-a", "user-req-b"]
-    handles = [await ctx.driver.generate(prompt(i), 2, request_id=rid)
-               for i, rid in enumerate(chosen)]
+    try:
+        handles = [await ctx.driver.generate(prompt(i), 2, request_id=rid)
+                   for i, rid in enumerate(chosen)]
+    except UnsupportedOperation as exc:  # it declared client_request_id: a driver fault
+        ctx.require(False, expected="generate(request_id=...) honoured by a driver that "
+                                    "declares client_request_id", observed=str(exc))
+        return
     for h in handles:
         await h.wait(ctx.t(3))
     seen = {tuple(r.prompt_token_ids or []): r.external_req_id
