@@ -141,6 +141,12 @@ class MockCoordinator:
         self.failure: BaseException | None = None
         self.wave = 0
         self.running: bool | None = None  # None: published as "any engine has live work"
+        # (waiting, running) per engine published instead of the engines' live counts (a
+        # stale snapshot): routing then rests on the frontend's own in-flight counts.
+        self.counts_override: list[tuple[int, int]] | None = None
+        # False: no regular publications (between two of vLLM's, or a coordinator whose
+        # stats stopped): load then reaches a frontend only in the engines' scheduler_stats.
+        self.publishing = True
         # Raw payloads published (once each, in order) before the next regular publication:
         # undecodable stats a frontend must survive.
         self.inject: list[bytes] = []
@@ -186,19 +192,25 @@ class MockCoordinator:
                                                   "coordinator", (raw,), None, None,
                                                   "injected"))
                 if time.monotonic() >= next_publish:
-                    counts = [(w, r, 0.0) for w, r in (e.load() for e in self._engines)]
-                    running = (any(r for _, r, _ in counts) if self.running is None
-                               else self.running)
-                    update = m.DPStatsUpdate(counts, self.wave, running)
-                    payload = self._codec.encode_dp_stats(update)
-                    sock.send(payload)
-                    self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
-                                                  "coordinator", (payload,), update))
+                    if self.publishing:
+                        self._publish(sock)
                     next_publish = time.monotonic() + self._interval
         except BaseException as exc:
             self.failure = exc
         finally:
             sock.close(0)
+
+    def _publish(self, sock: zmq.Socket[bytes]) -> None:
+        """One regular publication: the engines' live counts (or the override)."""
+        live = (self.counts_override if self.counts_override is not None
+                else [e.load() for e in self._engines])
+        counts = [(w, r, 0.0) for w, r in live]
+        running = any(r for _, r, _ in counts) if self.running is None else self.running
+        update = m.DPStatsUpdate(counts, self.wave, running)
+        payload = self._codec.encode_dp_stats(update)
+        sock.send(payload)
+        self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
+                                      "coordinator", (payload,), update))
 
 
 class EngineGroup:

@@ -233,6 +233,8 @@ class EngineScript:
     # Load from elsewhere (other clients' requests) as (waiting, running): added to what the
     # coordinator publishes for this engine and to its scheduler_stats (log_stats).
     reported_load: tuple[int, int] = (0, 0)
+    # True: reported_load appears only in scheduler_stats, never in the coordinator's counts.
+    load_in_stats_only: bool = False
 
     def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
         for rule in self.rules:

@@ -17,6 +17,7 @@ from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
 from harness.frontends import mutants_edges_c as ec
+from harness.frontends import mutants_edges_d as ed
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -696,6 +697,34 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "without naming it", ec.RankRefusalUnexplained),
     Mutant("dp_control_unexplained", "DP control on the main output path fails the client "
            "with no cause", ec.DpControlUnexplained),
+    # -- mutation survivors D (outputs, requests) --
+    Mutant("add_without_eos", "ADDs carry no EOS token id", ed.AddWithoutEos),
+    Mutant("add_default_temperature", "ADDs carry temperature 1.0 for a greedy request",
+           ed.AddDefaultTemperature),
+    Mutant("add_without_external_id", "ADDs carry no external_req_id",
+           ed.AddWithoutExternalId),
+    Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",
+           ed.PinnedRankNotStamped),
+    Mutant("request_error_message_dropped", "an engine's RequestError message never "
+           "reaches the client", ed.RequestErrorMessageDropped),
+    Mutant("inflight_reset_when_one_ends", "an engine's in-flight count reset when one of "
+           "its requests ends", ed.InflightResetWhenOneEnds),
+    Mutant("abort_keeps_routing_slot", "explicitly aborted requests keep counting for "
+           "routing", ed.AbortKeepsRoutingSlot),
+    Mutant("stop_end_keeps_routing_slot", "requests ended at a stop string keep counting "
+           "for routing", ed.StopEndKeepsRoutingSlot),
+    Mutant("embeds_copied_into_extra_args", "prompt_embeds also copied into extra_args",
+           ed.EmbedsCopiedIntoExtraArgs),
+    Mutant("load_report_waiting_ignored", "waiting requests in load reports ignored",
+           ed.LoadReportWaitingIgnored),
+    Mutant("scheduler_stats_not_routed", "scheduler_stats never count for routing",
+           ed.SchedulerStatsNotRouted),
+    Mutant("aborts_batched_over_one_second", "dropped streams aborted after a 1 s "
+           "batching window", ed.AbortsBatchedOverOneSecond),
+    Mutant("held_text_lost_at_finish", "stop-string hold-back text dropped when the "
+           "engine ends the stream without a token", ed.HeldTextLostAtFinish),
+    Mutant("load_reports_only_rise", "load reports never lower an engine's load",
+           ed.LoadReportsOnlyRise),
 ]}
 
 
