@@ -16,6 +16,7 @@ from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
+from harness.frontends import mutants_edges_e as ee
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -678,6 +679,12 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "request", eb.ContinuationOfAnyLiveRequest),
     Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
            eb.EndedSessionStillContinuable),
+    # -- mutation survivors E (utility, handshake, sessions) --
+    Mutant("later_calls_refused_vaguely", "after engine death later calls are refused "
+           "without the cause", ee.LaterCallsRefusedVaguely),
+    Mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
+           "(an undecodable frame or a lost connection is not named)",
+           ee.DeathCauseNotRecorded),
 ]}
 
 

@@ -1,0 +1,27 @@
+"""Mutant reference cores for the edge cases of group E (utility calls after a failure,
+handshake refusals, streaming-input sessions): one realistic port bug each, mirroring a
+mutmut survivor's blind spot.
+"""
+
+from __future__ import annotations
+
+from harness.frontends.reference.core import EngineDeadError, ReferenceFrontendCore
+
+# ----------------------------------------------------------------- after a failure
+
+
+class LaterCallsRefusedVaguely(ReferenceFrontendCore):
+    """Once dead, later calls are refused with a fixed text: the recorded cause is never
+    shown (a port that keeps a `healthy` flag instead of the first error)."""
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError("frontend is not available")
+
+
+class DeathCauseNotRecorded(ReferenceFrontendCore):
+    """Every failure is recorded as the same generic death: an undecodable frame or a lost
+    connection reads like ENGINE_CORE_DEAD (the reason string is dropped)."""
+
+    def mark_dead(self, reason: str) -> None:
+        super().mark_dead("engine core died")
