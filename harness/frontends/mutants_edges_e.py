@@ -5,6 +5,7 @@ mutmut survivor's blind spot.
 
 from __future__ import annotations
 
+from harness.frontends.driver import StartupError
 from harness.frontends.reference.core import EngineDeadError, ReferenceFrontendCore
 
 # ----------------------------------------------------------------- after a failure
@@ -25,3 +26,25 @@ class DeathCauseNotRecorded(ReferenceFrontendCore):
 
     def mark_dead(self, reason: str) -> None:
         super().mark_dead("engine core died")
+
+
+# ----------------------------------------------------------------- startup refusals
+
+
+class BlockSizeDisagreementUnexplained(ReferenceFrontendCore):
+    """Refuses engines that disagree on block_size without showing the values."""
+
+    def check_block_sizes(self) -> None:
+        if len(set(self._block_sizes.values())) > 1:
+            raise StartupError("engines disagree on block_size")
+
+
+class RegistrationRefusalsUnnamed(ReferenceFrontendCore):
+    """Any unusable registration is refused with one generic text: which engine sent it
+    (and what was wrong with it) is lost."""
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        try:
+            super().on_ready(identity, payload)
+        except StartupError:
+            raise StartupError("an engine sent an unusable registration") from None
