@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
@@ -36,7 +36,7 @@ LOST = ("rust-client.md §1.9 (silent engine exit is not detected by the Rust cl
 # cause -> (what happens, how the engine causes it, what the later errors must mention)
 CAUSES: dict[str, tuple[str, Callable[[MockEngine], None], str]] = {
     "engine_dead": ("ENGINE_CORE_DEAD", lambda eng: eng.send_dead(),
-                    r"dead|ENGINE_CORE_DEAD"),
+                    r"dead|died|fatal"),  # Rust: "engine core reported fatal failure"
     "undecodable_output": ("an output frame that is not msgpack",
                            lambda eng: eng.send_garbage([b"\xc1garbage"]),
                            r"decod|msgpack|malformed|opcode|protocol|deserializ|invalid"),
@@ -157,3 +157,59 @@ def _make_lost_case(engines: int) -> None:
 
 for _n in (1, 2):
     _make_lost_case(_n)
+
+
+# ---------------------------------------------------------------- a failure names its method
+
+FAIL_SRC = ("rust-client.md §1.7 (Error::UtilityCallFailed{method, call_id, message}); "
+            "core_client.py _process_utility_output (the failure message becomes the "
+            "caller's exception, 0.33.0)")
+
+# method -> (how the client calls it, what every other engine answers)
+FAILING: dict[str, tuple[Callable[[CaseContext], Awaitable[object]], object]] = {
+    "is_sleeping": (lambda ctx: ctx.driver.is_sleeping(), False),
+    "reset_prefix_cache": (lambda ctx: ctx.driver.reset_prefix_cache(), True),
+    "get_supported_tasks": (lambda ctx: ctx.driver.call_utility("get_supported_tasks", []),
+                            ["generate"]),
+}
+NEEDS: dict[str, list[Capability]] = {
+    "is_sleeping": [Capability.IS_SLEEPING],
+    "reset_prefix_cache": [Capability.RESET_PREFIX_CACHE],
+    "get_supported_tasks": [Capability.CALL_UTILITY],
+}
+
+
+def _make_method_named(method: str, engines: int, failing: int) -> None:
+    call, answer = FAILING[method]
+
+    @case(f"utility.more_edges.failure_names_method_{method}_{engines}_engines", Level.SHOULD,
+          f"When engine {failing} of {engines} fails {method} (with a message that does not "
+          f"name it), the caller's error should name the method {method!r} as well as carry "
+          "the engine's message (Rust UtilityCallFailed names the method).",
+          source=FAIL_SRC, needs=NEEDS[method])
+    async def run(ctx: CaseContext) -> None:
+        text = f"cw-engine-{failing}-refused"
+        scripts = [EngineScript(utilities={method: UtilityReply(answer)})
+                   for _ in range(engines)]
+        scripts[failing].utilities[method] = UtilityReply(failure=text)
+        await ctx.start(scripts)
+        try:
+            value = await asyncio.wait_for(call(ctx), ctx.t(3))
+        except FrontendError as exc:
+            ctx.require(method in str(exc) and text in str(exc),
+                        expected=f"an error naming {method!r} and carrying {text!r}",
+                        observed=str(exc))
+            return
+        except asyncio.TimeoutError:
+            ctx.require(False, expected="the call fails within 3 s",
+                        observed="still pending after 3 s")
+        ctx.require(False, expected=f"the call fails naming {method!r}",
+                    observed=f"answered {value!r}")
+
+    run.__name__ = run.__qualname__ = f"failure_names_{method}_{engines}"
+    globals()[run.__name__] = run
+
+
+for _method, _n, _failing in (("is_sleeping", 1, 0), ("reset_prefix_cache", 2, 1),
+                              ("get_supported_tasks", 3, 2)):
+    _make_method_named(_method, _n, _failing)

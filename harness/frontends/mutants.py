@@ -685,6 +685,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
            "(an undecodable frame or a lost connection is not named)",
            ee.DeathCauseNotRecorded),
+    Mutant("utility_failure_without_method", "a failed utility call's error does not name "
+           "the method", ee.UtilityFailureWithoutMethod),
     Mutant("block_size_disagreement_unexplained", "a block_size disagreement is refused "
            "without the values", ee.BlockSizeDisagreementUnexplained),
     Mutant("registration_refusals_unnamed", "an unusable or repeated registration is "

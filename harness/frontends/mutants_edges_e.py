@@ -5,8 +5,15 @@ mutmut survivor's blind spot.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.frontends.driver import StartupError
-from harness.frontends.reference.core import EngineDeadError, ReferenceFrontendCore
+from harness.frontends.reference.core import (
+    EngineDeadError,
+    PendingUtility,
+    ReferenceFrontendCore,
+    UtilityFailed,
+)
 
 # ----------------------------------------------------------------- after a failure
 
@@ -26,6 +33,16 @@ class DeathCauseNotRecorded(ReferenceFrontendCore):
 
     def mark_dead(self, reason: str) -> None:
         super().mark_dead("engine core died")
+
+
+class UtilityFailureWithoutMethod(ReferenceFrontendCore):
+    """A failed utility call raises the engines' messages alone, as Python's client does:
+    which method failed is not said."""
+
+    def utility_values(self, call: PendingUtility) -> list[Any]:
+        if call.failures:
+            raise UtilityFailed("; ".join(msg for _r, msg in sorted(call.failures.items())))
+        return super().utility_values(call)
 
 
 # ----------------------------------------------------------------- startup refusals
