@@ -14,6 +14,7 @@ from harness.frontends.reference.core import (
     ReferenceFrontendCore,
     UtilityFailed,
 )
+from harness.frontends.reference.sessions import SessionError, SessionState
 
 # ----------------------------------------------------------------- after a failure
 
@@ -65,3 +66,17 @@ class RegistrationRefusalsUnnamed(ReferenceFrontendCore):
             super().on_ready(identity, payload)
         except StartupError:
             raise StartupError("an engine sent an unusable registration") from None
+
+
+# ----------------------------------------------------------------- session refusals
+
+
+class SessionRefusalsUnexplained(ReferenceFrontendCore):
+    """Every refused continuation or close gets the same bare text: "no such session" and
+    "input already closing" cannot be told apart."""
+
+    def open_session_state(self, rid: str) -> SessionState:
+        try:
+            return super().open_session_state(rid)
+        except SessionError:
+            raise SessionError("request refused") from None
