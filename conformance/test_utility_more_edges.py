@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
-from harness.frontends.driver import Capability, FrontendError
+from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
 from harness.verdicts import Level, case
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
@@ -169,13 +169,13 @@ FAIL_SRC = ("rust-client.md §1.7 (Error::UtilityCallFailed{method, call_id, mes
 FAILING: dict[str, tuple[Callable[[CaseContext], Awaitable[object]], object]] = {
     "is_sleeping": (lambda ctx: ctx.driver.is_sleeping(), False),
     "reset_prefix_cache": (lambda ctx: ctx.driver.reset_prefix_cache(), True),
-    "get_supported_tasks": (lambda ctx: ctx.driver.call_utility("get_supported_tasks", []),
-                            ["generate"]),
+    "is_scheduler_paused": (lambda ctx: ctx.driver.call_utility("is_scheduler_paused", []),
+                            False),
 }
 NEEDS: dict[str, list[Capability]] = {
     "is_sleeping": [Capability.IS_SLEEPING],
     "reset_prefix_cache": [Capability.RESET_PREFIX_CACHE],
-    "get_supported_tasks": [Capability.CALL_UTILITY],
+    "is_scheduler_paused": [Capability.CALL_UTILITY],
 }
 
 
@@ -195,6 +195,8 @@ def _make_method_named(method: str, engines: int, failing: int) -> None:
         await ctx.start(scripts)
         try:
             value = await asyncio.wait_for(call(ctx), ctx.t(3))
+        except UnsupportedOperation:
+            raise  # the driver cannot make this call: UNSUPPORTED
         except FrontendError as exc:
             ctx.require(method in str(exc) and text in str(exc),
                         expected=f"an error naming {method!r} and carrying {text!r}",
@@ -211,5 +213,5 @@ def _make_method_named(method: str, engines: int, failing: int) -> None:
 
 
 for _method, _n, _failing in (("is_sleeping", 1, 0), ("reset_prefix_cache", 2, 1),
-                              ("get_supported_tasks", 3, 2)):
+                              ("is_scheduler_paused", 3, 2)):
     _make_method_named(_method, _n, _failing)
