@@ -18,7 +18,8 @@ import re
 import msgspec
 
 from harness.case_context import CaseContext
-from harness.frontends.driver import StartupError, StartupHang
+from harness.casekit import prompt
+from harness.frontends.driver import Capability, StartupError, StartupHang
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, default_ready
 
@@ -136,3 +137,40 @@ for _kind in BAD_READY:
             run.__name__ = run.__qualname__ = f"invalid_ready_{kind}_{bad}_of_{n}"
             globals()[run.__name__] = run
         _make_bad()
+
+
+# ---------------------------------------------------------------- a late engine is waited for
+
+LATE = ("vllm/v1/engine/core_client.py:757-775 (VLLM_ENGINE_READY_TIMEOUT_S bounds the ready "
+        "wait); rust-client.md §2.2 (every receive has its own ready_timeout)")
+
+for _mode in ("bootstrapped", "handshake"):
+    def _make_late(mode: str = _mode) -> None:
+        bound = 5.6
+        delays = (4.7, 4.9)  # both inside the bound, the first less than a second before it
+
+        @case(f"handshake.more_edges.late_registrations_served_{mode}", Level.MUST,
+              f"With 2 engines ({mode} startup) and a {bound} s startup bound, engines "
+              f"registering after {delays[0]} s and {delays[1]} s are both waited for: the "
+              "frontend starts and serves a request pinned to each (it does not give up "
+              "before its bound, whatever arrived in its last second).",
+              source=LATE, needs=[Capability.GENERATE, Capability.DP_RANK], timeout=40)
+        async def run(ctx: CaseContext) -> None:
+            scripts = [EngineScript(ready_delay=ctx.t(d)) for d in delays]
+            try:
+                await ctx.start(scripts, startup_timeout=bound, handshake=mode == "handshake")
+            except (StartupError, StartupHang) as exc:
+                ctx.require(False, expected=f"startup waits up to {bound} s (scaled) for "
+                                            f"engines registering at {list(delays)} s",
+                            observed=f"{type(exc).__name__}: {exc}")
+            for rank in (0, 1):
+                handle = await ctx.driver.generate(prompt(920 + rank), 2,
+                                                   data_parallel_rank=rank)
+                await handle.wait(ctx.t(3))
+                ctx.require(handle.finish_reason == "length",
+                            expected=f"the request at engine {rank} is served",
+                            observed=f"{handle.finish_reason} error={handle.error}")
+
+        run.__name__ = run.__qualname__ = f"late_registrations_{mode}"
+        globals()[run.__name__] = run
+    _make_late()

@@ -691,6 +691,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "without the values", ee.BlockSizeDisagreementUnexplained),
     Mutant("registration_refusals_unnamed", "an unusable or repeated registration is "
            "refused without naming the engine", ee.RegistrationRefusalsUnnamed),
+    Mutant("ready_bound_hard_coded", "registrations accepted only within a fixed 4.5 s, "
+           "not the configured startup bound", ee.ReadyBoundHardCoded),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ]}

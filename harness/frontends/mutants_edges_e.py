@@ -5,6 +5,8 @@ mutmut survivor's blind spot.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from harness.frontends.driver import StartupError
@@ -15,6 +17,7 @@ from harness.frontends.reference.core import (
     UtilityFailed,
 )
 from harness.frontends.reference.sessions import SessionError, SessionState
+from harness.timing import scaled
 
 # ----------------------------------------------------------------- after a failure
 
@@ -66,6 +69,23 @@ class RegistrationRefusalsUnnamed(ReferenceFrontendCore):
             super().on_ready(identity, payload)
         except StartupError:
             raise StartupError("an engine sent an unusable registration") from None
+
+
+class ReadyBoundHardCoded(ReferenceFrontendCore):
+    """Ignores the configured startup bound: a registration is accepted only within a fixed
+    4.5 s (scaled) of the frontend's creation, a constant where the configured ready
+    timeout belongs."""
+
+    HARD_BOUND = 4.5
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        super().__init__(ranks)
+        self.created = time.monotonic()
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        if time.monotonic() - self.created > scaled(self.HARD_BOUND):
+            raise self.registration_timeout(scaled(self.HARD_BOUND))
+        super().on_ready(identity, payload)
 
 
 # ----------------------------------------------------------------- session refusals
