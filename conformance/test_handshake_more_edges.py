@@ -13,15 +13,17 @@ bad ready response (not msgpack, a wrong field type, a missing required key).
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import msgspec
 
 from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, StartupError, StartupHang
+from harness.casekit import hold, prompt
+from harness.frontends.driver import Capability, FrontendError, StartupError, StartupHang
 from harness.verdicts import Level, case
-from mock_engines.script import EngineScript, default_ready
+from harness.wire import messages as m
+from mock_engines.script import EngineScript, any_request, default_ready
 
 READY = ("vllm/v1/engine/core_client.py:757-775, :851-883 _apply_ready_response (0.33.0); "
          "rust-client.md §1.8, §2.2 (registration per engine id)")
@@ -174,3 +176,50 @@ for _mode in ("bootstrapped", "handshake"):
         run.__name__ = run.__qualname__ = f"late_registrations_{mode}"
         globals()[run.__name__] = run
     _make_late()
+
+
+# ---------------------------------------------------------------- misuse of the coordinator path
+
+COORD = ("vllm/v1/engine/coordinator.py:361-364 (0.33.0: the coordinator asserts that an "
+         "engine's message carries no request outputs and no utility reply); vllm-rs "
+         "inproc.rs:193-199 (a miswired coordinator-path message closes the client's "
+         "registries)")
+
+MISUSE = {
+    "request_outputs": lambda rank: m.EngineCoreOutputs(
+        rank, [m.EngineCoreOutput("cw-misrouted", [100])]),
+    "utility_reply": lambda rank: m.EngineCoreOutputs(
+        rank, utility_output=m.UtilityOutput(4242, None, None)),
+}
+
+for _kind in MISUSE:
+    def _make_misuse(kind: str = _kind) -> None:
+        @case(f"handshake.more_edges.coordinator_path_{kind}_fails_closed", Level.SHOULD,
+              f"With 2 engines and the frontend's own DP coordinator, engine 1 sending "
+              f"{kind.replace('_', ' ')} on the coordinator path (a miswired engine) should "
+              "fail the client closed: the open stream ends with an error and a later "
+              "is_sleeping fails, each within 3 s, instead of serving on.",
+              source=COORD, needs=[Capability.GENERATE, Capability.IS_SLEEPING], timeout=30)
+        async def run(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(2)], coordinated=True)
+            handle = await ctx.driver.generate(prompt(930), 100)
+            await handle.wait_first(ctx.t(3))
+            group[1].send_coordinator(MISUSE[kind](1))
+            ended = await ctx.wait_until(lambda: handle.ended, 3)
+            ctx.require(ended and handle.finish_reason not in ("length", "stop", "abort"),
+                        expected="the open stream ends with an error within 3 s",
+                        observed=(f"ended {handle.finish_reason!r} ({handle.error})" if ended
+                                  else f"still open with {handle.tokens}"))
+            try:
+                value = await asyncio.wait_for(ctx.driver.is_sleeping(), ctx.t(3))
+            except FrontendError:
+                return
+            except asyncio.TimeoutError:
+                ctx.require(False, expected="is_sleeping fails within 3 s",
+                            observed="still pending after 3 s")
+            ctx.require(False, expected="is_sleeping fails", observed=f"answered {value!r}")
+
+        run.__name__ = run.__qualname__ = f"coordinator_path_{kind}"
+        globals()[run.__name__] = run
+    _make_misuse()

@@ -693,6 +693,9 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "refused without naming the engine", ee.RegistrationRefusalsUnnamed),
     Mutant("ready_bound_hard_coded", "registrations accepted only within a fixed 4.5 s, "
            "not the configured startup bound", ee.ReadyBoundHardCoded),
+    Mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
+           "coordinator path are dropped; the client serves on",
+           ee.CoordinatorPathMisuseIgnored),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ]}

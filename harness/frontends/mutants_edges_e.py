@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.frontends.driver import StartupError
+from harness.frontends.reference.coordinator import CoordinatorCore, CoordinatorError, Effect
 from harness.frontends.reference.core import (
     EngineDeadError,
     PendingUtility,
@@ -86,6 +87,24 @@ class ReadyBoundHardCoded(ReferenceFrontendCore):
         if time.monotonic() - self.created > scaled(self.HARD_BOUND):
             raise self.registration_timeout(scaled(self.HARD_BOUND))
         super().on_ready(identity, payload)
+
+
+class _LenientCoordinator(CoordinatorCore):
+    """Skips an engine message it cannot use, as the stats reader skips an undecodable
+    publication."""
+
+    def on_engine_output(self, frames: Sequence[bytes]) -> list[Effect]:
+        try:
+            return super().on_engine_output(frames)
+        except CoordinatorError:
+            return []
+
+
+class CoordinatorPathMisuseIgnored(ReferenceFrontendCore):
+    """The frontend's DP coordinator drops request outputs / utility replies that a
+    miswired engine sends on the coordinator path, and the client serves on."""
+
+    coordinator_class = _LenientCoordinator
 
 
 # ----------------------------------------------------------------- session refusals
