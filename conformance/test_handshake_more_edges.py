@@ -89,7 +89,9 @@ for _n, _dup in ((2, 0), (3, 1), (3, 2)):
               f"{dup}, the identity that registered twice (Rust: 'received input "
               "registration for unexpected engine id').", source=READY, timeout=20)
         async def run(ctx: CaseContext) -> None:
-            scripts = [EngineScript(ready_delay=0.3) for _ in range(n)]
+            # The others register a second later, so the repeat is read while they are
+            # still missing (a ROUTER fair-queues peers: read late, the repeat would come last).
+            scripts = [EngineScript(ready_delay=ctx.t(1.0)) for _ in range(n)]
             scripts[dup] = EngineScript(ready_repeats=2)
             text = await _startup_error(ctx, scripts)
             ctx.require(_names_engine(text, dup), expected=f"a refusal naming engine {dup}",
