@@ -16,7 +16,13 @@ import re
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability, FrontendError
-from harness.sessionkit import F, open_first_segment, segment_prompt
+from harness.sessionkit import (
+    F,
+    finish_segment,
+    open_first_segment,
+    segment_prompt,
+    session_adds,
+)
 from harness.verdicts import Level, case
 from mock_engines.script import Emit, EngineScript, Finish, by_prompt, stream
 
@@ -76,3 +82,43 @@ for _action, _target in (("continuation", "plain_request"), ("continuation", "cl
                          ("continuation", "ended_session"), ("close", "plain_request"),
                          ("close", "closed_input")):
     _make_refusal(_action, _target)
+
+
+# ---------------------------------------------------------------- the wave before any wave
+
+WAVE0 = ("vllm/v1/engine/__init__.py EngineCoreRequest.current_wave (default 0); "
+         "core_client.py:1588-1611 (ADDs stamped with the coordinator's current_wave, which "
+         "starts at 0); rust-client.md §2.3 (ADD field current_wave)")
+
+
+@case("streaming.sessions_edges.single_engine_add_carries_wave_0", Level.MUST,
+      "With one engine (no DP coordinator, so no wave was ever published), a request's ADD "
+      "carries current_wave 0, the first wave, not a count from 1.",
+      source=WAVE0, needs=[Capability.GENERATE])
+async def single_engine_add_wave_0(ctx: CaseContext) -> None:
+    group = await ctx.start(1)
+    handle = await ctx.driver.generate(prompt(940), 2)
+    await handle.wait(ctx.t(3))
+    waves = [a.current_wave for a in group.transcript.adds()]
+    ctx.require(waves == [0], expected="one ADD with current_wave 0",
+                observed=f"current_wave of the ADDs: {waves}")
+
+
+@case("streaming.sessions_edges.single_engine_session_adds_carry_wave_0", Level.MUST,
+      "With one engine (no DP coordinator), a session's first ADD, its continuation and its "
+      "closing ADD all carry current_wave 0.",
+      source=WAVE0 + "; " + SRC, needs=[Capability.STREAMING_INPUT])
+async def single_engine_session_wave_0(ctx: CaseContext) -> None:
+    rules = [by_prompt(segment_prompt(0, s), stream([100 + s], 0.01, F.LENGTH))
+             for s in range(2)]
+    group = await ctx.start([EngineScript(rules=rules)])
+    handle, rid = await open_first_segment(ctx, group)
+    await finish_segment(ctx, group, handle, rid, 1, 1)
+    await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+    await finish_segment(ctx, group, handle, rid, 2, 2)
+    await ctx.driver.close_session(handle)
+    await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 3, 3)
+    waves = [a.request.current_wave for a in session_adds(group, rid)]
+    ctx.require(len(waves) >= 3 and set(waves) == {0},
+                expected="the session's three ADDs with current_wave 0",
+                observed=f"current_wave of the session's ADDs: {waves}")

@@ -696,6 +696,8 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
            "coordinator path are dropped; the client serves on",
            ee.CoordinatorPathMisuseIgnored),
+    Mutant("waves_counted_from_one", "ADDs carry current_wave 1 before any coordinator "
+           "publication", ee.WavesCountedFromOne),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ]}
