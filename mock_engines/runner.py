@@ -259,8 +259,9 @@ class EngineRunner:
         if self._stop:
             return
         payload = self.core.ready_payload()
-        for sock in self._inputs:
-            sock.send(payload)
+        for _ in range(self.core.script.ready_repeats):
+            for sock in self._inputs:
+                sock.send(payload)
         self.core.record_ready(time.monotonic(), payload)
         self.registered.set()
 

@@ -203,6 +203,9 @@ class EngineScript:
     ready_delay: float = 0.0
     # Register under another rank's identity (unexpected or duplicate engine ids).
     register_as: int | None = None
+    # Send the ready frame this many times back to back (a registration repeated on one
+    # connection; a second connection with the same identity is dropped by the ROUTER).
+    ready_repeats: int = 1
     # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
     handshake_ready: bool = True
     # Handshake mode: False never connects to the handshake socket at all (no HELLO, not

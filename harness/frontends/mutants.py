@@ -18,6 +18,7 @@ from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
 from harness.frontends import mutants_edges_c as ec
 from harness.frontends import mutants_edges_d as ed
+from harness.frontends import mutants_edges_e as ee
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -725,6 +726,27 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "engine ends the stream without a token", ed.HeldTextLostAtFinish),
     Mutant("load_reports_only_rise", "load reports never lower an engine's load",
            ed.LoadReportsOnlyRise),
+    # -- mutation survivors E (utility, handshake, sessions) --
+    Mutant("later_calls_refused_vaguely", "after engine death later calls are refused "
+           "without the cause", ee.LaterCallsRefusedVaguely),
+    Mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
+           "(an undecodable frame or a lost connection is not named)",
+           ee.DeathCauseNotRecorded),
+    Mutant("utility_failure_without_method", "a failed utility call's error does not name "
+           "the method", ee.UtilityFailureWithoutMethod),
+    Mutant("block_size_disagreement_unexplained", "a block_size disagreement is refused "
+           "without the values", ee.BlockSizeDisagreementUnexplained),
+    Mutant("registration_refusals_unnamed", "an unusable or repeated registration is "
+           "refused without naming the engine", ee.RegistrationRefusalsUnnamed),
+    Mutant("ready_bound_hard_coded", "registrations accepted only within a fixed 4.5 s, "
+           "not the configured startup bound", ee.ReadyBoundHardCoded),
+    Mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
+           "coordinator path are dropped; the client serves on",
+           ee.CoordinatorPathMisuseIgnored),
+    Mutant("waves_counted_from_one", "ADDs carry current_wave 1 before any coordinator "
+           "publication", ee.WavesCountedFromOne),
+    Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
+           "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ]}
 
 
