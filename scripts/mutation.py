@@ -5,6 +5,7 @@
                                  today's suite (mutmut's cache keeps every other verdict)
     scripts/mutation.py report   docs/mutation.md from the results in mutants/
     scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
+    scripts/mutation.py watchdog the wall-clock bound alone, beside a run started elsewhere
 
 mutmut (config: [tool.mutmut] in pyproject.toml) copies the project into mutants/, runs the
 suite once against `--frontend reference` to learn which case calls which function, then
@@ -20,8 +21,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -44,6 +47,12 @@ EQUIVALENT = ROOT / "fixtures" / "mutation" / "equivalent.json"
 REPORT = ROOT / "docs" / "mutation.md"
 RUN_INFO = ROOT / "mutants" / "corewire-run.json"
 SAMPLE_SIZE = 16
+# mutmut bounds each mutant's CPU time only (SIGXCPU). A mutant that blocks idle -- e.g. a
+# frontend left unclosed whose zmq context, collected later, waits forever in term() --
+# would hold its child for good and the run would never end. The watchdog gives every
+# child the same kind of bound in wall-clock time and ends it with SIGXCPU, which mutmut
+# counts as a timeout (detected), exactly as for a CPU-bound hang.
+WALL_BOUND_S = 600.0
 KILLED = {1, 3}  # pytest: tests failed / internal error (mutmut counts both as a kill)
 TIMEOUT = {24, -24, 36, 152, 255}
 NO_TESTS = {5, 33}
@@ -119,18 +128,62 @@ def load_equivalent() -> dict[str, str]:
     return {"\n".join([e["function"], *e["change"]]): e["reason"] for e in entries}
 
 
+def _mutant_children() -> dict[int, float]:
+    """pid -> start time (seconds since boot) of every live mutmut child on this machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes().startswith(b"mutmut: "):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        found[int(entry.name)] = int(fields[19]) / ticks  # field 22: starttime
+    return found
+
+
+def watchdog(stop: threading.Event, bound: float = WALL_BOUND_S) -> list[int]:
+    """SIGXCPU to every mutmut child older than `bound` wall-clock seconds, until `stop`."""
+    stopped: list[int] = []
+    while not stop.wait(5.0):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        for pid, started in _mutant_children().items():
+            if uptime - started > bound and pid not in stopped:
+                try:
+                    os.kill(pid, signal.SIGXCPU)
+                except ProcessLookupError:
+                    continue
+                stopped.append(pid)
+                print(f"watchdog: mutant child {pid} over {bound:.0f} s wall clock: SIGXCPU",
+                      file=sys.stderr)
+    return stopped
+
+
 def _mutmut(children: int, names: list[str]) -> tuple[int, dict[str, Any]]:
     """One timed `mutmut run` (all mutants, or only `names`); what the report says of it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_HOST_IP="127.0.0.1")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                           str(children), *names], cwd=ROOT, env=env)
+    stop = threading.Event()
+    stopped: list[int] = []
+    guard = threading.Thread(target=lambda: stopped.extend(watchdog(stop)), daemon=True)
+    guard.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                               str(children), *names], cwd=ROOT, env=env)
+    finally:
+        stop.set()
+        guard.join(10.0)
     seconds = time.monotonic() - started
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     print(f"mutmut run: {seconds:.0f}s, exit {proc.returncode}")
     return proc.returncode, {"seconds": round(seconds), "children": children,
                              "cpus": os.cpu_count(), "commit": commit,
+                             "wall_bound_stops": len(stopped),
                              "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -308,7 +361,7 @@ def cmd_sample() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "recheck", "report", "sample"])
+    parser.add_argument("command", choices=["run", "recheck", "report", "sample", "watchdog"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
     args = parser.parse_args()
@@ -316,6 +369,10 @@ def main() -> int:
         return cmd_run(args.children)
     if args.command == "recheck":
         return cmd_recheck(args.children)
+    if args.command == "watchdog":  # for a run started without this script's guard
+        stopped = watchdog(threading.Event())
+        print(f"watchdog: {len(stopped)} children stopped")
+        return 0
     return cmd_report() if args.command == "report" else cmd_sample()
 
 
