@@ -123,9 +123,17 @@ def _natural(item: tuple[str, Any]) -> tuple[str, int]:
 
 
 def load_equivalent() -> dict[str, str]:
-    """key -> why the mutant cannot be told apart from the reference by any client."""
+    """key -> why the mutant cannot be told apart from the reference by any client (or,
+    for a conformant variant, why the contract allows what a client can tell apart)."""
     entries: list[dict[str, Any]] = json.loads(EQUIVALENT.read_text())["equivalent"]
     return {"\n".join([e["function"], *e["change"]]): e["reason"] for e in entries}
+
+
+def load_conformant() -> set[str]:
+    """Keys of the judgements that are conformant variants, not strict equivalents."""
+    entries: list[dict[str, Any]] = json.loads(EQUIVALENT.read_text())["equivalent"]
+    return {"\n".join([e["function"], *e["change"]]) for e in entries
+            if e.get("kind") == "conformant"}
 
 
 def _mutant_children() -> dict[int, float]:
@@ -229,9 +237,12 @@ def cmd_report() -> int:
     unchecked = [r for r in results if r.status == "not checked"]  # a stopped run
     survivors = [r for r in results if r.status not in ("killed", "timeout", "not checked")]
     judged_equivalent = [r for r in survivors if r.key in equivalent]
+    conformant = load_conformant()
+    variants = [r for r in judged_equivalent if r.key in conformant]
     detected = counts["killed"] + counts["timeout"]
     scored = len(results) - len(unchecked) - len(judged_equivalent)
     score = 100.0 * detected / scored if scored else 0.0
+    strict = 100.0 * detected / (scored + len(variants)) if scored + len(variants) else 0.0
     stale = sorted(set(equivalent) - {r.key for r in results})
     lines = [
         "# Mutation testing of the reference frontend",
@@ -243,8 +254,13 @@ def cmd_report() -> int:
         "",
         f"**Score: {score:.1f} %** of non-equivalent mutants killed "
         f"({detected} of {scored}; {len(results)} mutants, {len(judged_equivalent)} judged "
-        "equivalent" + (f", {len(unchecked)} not checked: the run was stopped before "
-                        "them" if unchecked else "") + ").",
+        f"equivalent, {len(variants)} of them conformant variants"
+        + (f", {len(unchecked)} not checked: the run was stopped before "
+           "them" if unchecked else "") + ").",
+        "",
+        f"Strict score, counting the {len(variants)} conformant variants (a client can tell "
+        "them apart; the contract allows both) as survivors: "
+        f"**{strict:.1f} %** ({detected} of {scored + len(variants)}).",
         "",
         "| status | mutants |", "|---|---|",
         *(f"| {status} | {n} |" for status, n in sorted(counts.items())),
@@ -264,10 +280,13 @@ def cmd_report() -> int:
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
-              "reference; the reason says why) or **not killed yet** (a case is missing).",
+              "reference; the reason says why), a **conformant variant** (a client can tell "
+              "it apart, but the contract allows both: an id format, an error's wording, a "
+              "tie-break) or **not killed yet** (a case is missing).",
               ""]
     for r in survivors:
-        verdict = (f"equivalent: {equivalent[r.key]}" if r.key in equivalent
+        verdict = (f"conformant variant: {equivalent[r.key]}" if r.key in conformant
+                   else f"equivalent: {equivalent[r.key]}" if r.key in equivalent
                    else f"**not killed yet** ({r.status})")
         lines += [f"### `{r.name.rpartition('.')[2]}` ({r.path})", "", verdict, "",
                   "```diff", *r.diff.splitlines()[2:], "```", ""]
@@ -277,8 +296,8 @@ def cmd_report() -> int:
         lines += [f"- `{key.splitlines()[0]}`: {' / '.join(key.splitlines()[1:])}"
                   for key in stale]
     REPORT.write_text("\n".join(lines).rstrip() + "\n")
-    print(f"score {score:.1f} % ({detected}/{scored}); {len(survivors)} survivors, "
-          f"{len(judged_equivalent)} equivalent -> {REPORT}")
+    print(f"score {score:.1f} % ({detected}/{scored}; strict {strict:.1f} %); "
+          f"{len(survivors)} survivors, {len(judged_equivalent)} equivalent -> {REPORT}")
     return 0
 
 
