@@ -3,8 +3,8 @@
 Port authors build the EngineCoreRequest by hand and get the quiet fields wrong: a greedy
 request sent with the struct's default temperature (1.0, so the engine samples), no EOS id
 (the engine never stops at end of sequence), no external_req_id (the engine's logs and the
-frontend's abort-by-user-id lose the user's name), an explicit DP rank routed but not
-stamped on the ADD. On the way back, an engine's per-request RequestError carries a message
+frontend's abort-by-user-id lose the user's name). (Pinned ranks on the ADD:
+test_dp_routing_slots.py.) On the way back, an engine's per-request RequestError carries a message
 meant for the user ("Generation is paused, retry"): a port that ends the stream with a bare
 "error" or with no error at all throws it away.
 """
@@ -104,38 +104,9 @@ async def add_external_client(ctx: CaseContext) -> None:
     ctx.require(ok, expected=f"external_req_id naming {chosen}", observed=got)
 
 
-def _make_pinned_rank_stamped(engines: int) -> None:
-    @case(f"dp.routing.pinned_rank_on_add_{engines}_engines", Level.MUST,
-          f"With {engines} engines, an ADD pinned with data_parallel_rank r carries r in its "
-          "data_parallel_rank field (the engine's and coordinator's view of the pin); an "
-          "unpinned ADD carries none.",
-          source="vllm 0.33.0 async_llm.py add_request (data_parallel_rank on the "
-                 "EngineCoreRequest); core_client.py:1761 (routing reads it)",
-          needs=[Capability.GENERATE, Capability.DP_RANK])
-    async def run(ctx: CaseContext) -> None:
-        group = await ctx.start([EngineScript() for _ in range(engines)])
-        pinned = {tuple(prompt(r)): r for r in reversed(range(engines))}
-        free = prompt(99)
-        handles = [await ctx.driver.generate(list(p), 2, data_parallel_rank=r)
-                   for p, r in pinned.items()]
-        handles.append(await ctx.driver.generate(free, 2))
-        for h in handles:
-            await h.wait(ctx.t(3))
-        by_prompt_ = {tuple(r.prompt_token_ids or []): r.data_parallel_rank
-                      for r in group.transcript.adds()}
-        got = {p: by_prompt_.get(p, "no ADD") for p in pinned}
-        ctx.require(got == pinned, expected=f"data_parallel_rank on the pinned ADDs {pinned}",
-                    observed=got)
-        ctx.require(by_prompt_.get(tuple(free), "no ADD") is None,
-                    expected="no data_parallel_rank on the unpinned ADD",
-                    observed=by_prompt_.get(tuple(free), "no ADD"))
-
-    run.__name__ = run.__qualname__ = f"pinned_rank_on_add_{engines}"
-    globals()[run.__name__] = run
 
 
-for _n in (2, 3):
-    _make_pinned_rank_stamped(_n)
+
 
 
 # ----------------------------------------------------------------- request errors
@@ -235,52 +206,6 @@ for _with_kv in (False, True):
     _make_embeds_only_as_tensor(_with_kv)
 
 
-# ----------------------------------------------------------------- load in scheduler_stats
-
-STATS_SRC = ("rust-client.md §1.6 (apply_scheduler_stats: an engine's last scheduler_stats "
-             "{waiting, running} is its routing load); contract-coverage.md #9; vllm 0.33.0 "
-             "SchedulerStats num_waiting_reqs / num_running_reqs")
-STATS_LOADS = {
-    "running_2_engines": [(0, 4), (0, 0)],
-    "waiting_2_engines": [(4, 0), (0, 0)],
-    "mixed_3_engines": [(3, 0), (0, 3), (0, 0)],
-}
-
-
-def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
-    idle = loads.index((0, 0))
-
-    @case(f"dp.routing.scheduler_stats_load_{name}", Level.SHOULD,
-          f"Load that engines report only in the scheduler_stats of their outputs ((waiting, "
-          f"running) {loads}; the DP coordinator publishes nothing meanwhile) should count for "
-          f"routing: an unpinned request goes to engine {idle}, the idle one.",
-          source=STATS_SRC, needs=[Capability.GENERATE, Capability.DP_RANK])
-    async def run(ctx: CaseContext) -> None:
-        group = await ctx.start([EngineScript(log_stats=True, reported_load=load,
-                                              load_in_stats_only=True) for load in loads])
-        if group.coordinator is not None:  # silent: the load is only in scheduler_stats
-            group.coordinator.publishing = False
-        for rank in range(len(loads)):  # one finished request each: stats on every path
-            warm = await ctx.driver.generate(prompt(300 + rank), 2, data_parallel_rank=rank)
-            await warm.wait(ctx.t(3))
-        await ctx.quiet(0.3)  # the stats-only messages after each engine went idle land
-        p = prompt(399)
-        handle = await ctx.driver.generate(p, 2)
-        await handle.wait(ctx.t(3))
-        found = next((r for r in range(len(loads))
-                      if any(a.prompt_token_ids == p for a in group.transcript.adds(r))),
-                     None)
-        ctx.require(found == idle, expected=f"the unpinned request at engine {idle}",
-                    observed=f"at engine {found}")
-
-    run.__name__ = run.__qualname__ = f"stats_only_load_{name}"
-    globals()[run.__name__] = run
-
-
-for _name, _loads in STATS_LOADS.items():
-    _make_stats_only_load(_name, _loads)
-
-
 # ----------------------------------------------------------------- held-back stop text
 
 HOLD_STOP = "zzzzzz"  # never matched; holds back the last 5 characters of the text
@@ -316,31 +241,3 @@ def _make_held_released(kind: F) -> None:
 
 for _kind in (F.ABORT, F.ERROR):
     _make_held_released(_kind)
-
-
-@case("dp.routing.scheduler_stats_idle_report_counts_zero", Level.MUST,
-      "An engine whose latest scheduler_stats (the stats-only message it sends once idle) "
-      "report 0 waiting and 0 running counts as idle: an unpinned request goes there, not "
-      "to the engine with one of this client's requests in flight (the DP coordinator "
-      "publishes nothing meanwhile).", source=STATS_SRC,
-      needs=[Capability.GENERATE, Capability.DP_RANK])
-async def stats_idle_report_counts_zero(ctx: CaseContext) -> None:
-    # Engine 1 reports stats (log_stats); engine 0 does not and holds one request.
-    group = await ctx.start([EngineScript(rules=[by_prompt(prompt(310), [Emit([100])])],
-                                          report_finished=True),
-                             EngineScript(log_stats=True, report_finished=True)])
-    if group.coordinator is not None:
-        group.coordinator.publishing = False
-    busy = await ctx.driver.generate(prompt(310), 50, data_parallel_rank=0)
-    warm = await ctx.driver.generate(prompt(311), 2, data_parallel_rank=1)
-    await busy.wait_first(ctx.t(3))
-    await warm.wait(ctx.t(3))
-    await ctx.quiet(0.3)  # engine 1's stats-only message after it went idle lands
-    p = prompt(399)
-    handle = await ctx.driver.generate(p, 2)
-    await handle.wait(ctx.t(3))
-    found = next((r for r in range(2)
-                  if any(a.prompt_token_ids == p for a in group.transcript.adds(r))), None)
-    ctx.require(found == 1, expected="the unpinned request at engine 1 (reported 0 waiting, "
-                                     "0 running; engine 0 has 1 in flight)",
-                observed=f"at engine {found}")

@@ -17,35 +17,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.frontends.driver import (
-    Capability,
-    CommandTimeout,
-    FrontendDriver,
-    FrontendError,
-    StartupError,
-    UnsupportedOperation,
-)
+from harness.frontends.driver import Capability, FrontendDriver
+from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
-from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict, grade_unmet
+from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 
 EXCERPT_RECORDS = 40
-
-
-class CaseUnmet(Exception):
-    """A requirement of the case was not met by the frontend under test."""
-
-    def __init__(self, expected: str, observed: str) -> None:
-        super().__init__(f"expected {expected}; observed {observed}")
-        self.expected = expected
-        self.observed = observed
-
-
-class CaseUnsupported(Exception):
-    """The driver lacks a capability the case needs."""
 
 
 class CaseContext:
@@ -153,32 +134,17 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         await asyncio.wait_for(fn(ctx), scaled(spec.timeout))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
-    except CaseUnsupported as exc:
-        verdict, message = Verdict.UNSUPPORTED, str(exc)
-    except UnsupportedOperation as exc:
-        verdict, message = Verdict.UNSUPPORTED, f"driver cannot: {exc}"
-    except CaseUnmet as exc:
-        verdict = grade_unmet(spec.level)
-        ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
-        message = str(exc)
-    except CommandTimeout as exc:
-        verdict, message = Verdict.TIMEOUT, f"driver: {exc}"
-    except (asyncio.TimeoutError, TimeoutError) as exc:
-        verdict = Verdict.TIMEOUT
-        message = _case_timeout_message(spec, driver, exc)
-    except StartupError as exc:
-        verdict, message = grade_unmet(spec.level), f"frontend did not start: {exc}"
-        if verdict is Verdict.INFO:
-            ctx.note(message)
-    except FrontendError as exc:
-        verdict = grade_unmet(spec.level)
-        message = f"frontend call failed unexpectedly: {type(exc).__name__}: {exc}"
-        if verdict is Verdict.INFO:
-            ctx.note(message)
-    except Exception as exc:  # a harness or driver fault: ERROR, with the traceback
-        verdict = Verdict.ERROR
-        message = f"{type(exc).__name__}: {exc}"
-        ctx.note(traceback.format_exc(limit=6))
+    except Exception as exc:  # every outcome class names its verdict: harness/grading.py
+        grade = grade_of(exc)
+        verdict = verdict_for(grade, spec.level)
+        message = (_case_timeout_message(spec, driver, exc) if grade.case_bound
+                   else message_for(grade, exc))
+        if isinstance(exc, CaseUnmet):
+            ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
+        elif grade.traceback:
+            ctx.note(traceback.format_exc(limit=6))
+        elif grade.verdict is None and verdict is Verdict.INFO:
+            ctx.note(message)  # an INFO case records what the frontend did
     except asyncio.CancelledError:  # interrupted (SIGINT/SIGTERM): tear down, no verdict
         cancelled = True
     fault = driver.fault()  # before teardown: the exit teardown asks for is no fault

@@ -72,6 +72,11 @@ class UnsupportedOperation(FrontendError):
     """The driver cannot perform this operation; cases turn it into UNSUPPORTED."""
 
 
+class DriverFault(Exception):
+    """The driver itself failed (a crashed program, a broken protocol), not the frontend
+    behind it: graded ERROR whatever the case was checking."""
+
+
 class CommandTimeout(TimeoutError):
     """A driver program left one command unanswered past its bound (graded TIMEOUT); the
     message names the command and its id."""

@@ -27,6 +27,7 @@ from harness.frontends.driver import (
     TENSOR_FIELDS,
     Capability,
     CommandTimeout,
+    DriverFault,
     FrontendDriver,
     FrontendError,
     ObservedConfig,
@@ -87,7 +88,7 @@ def stuck_driver_warning(notes_by_case: Mapping[str, Sequence[str]]) -> str | No
             f"(e.g. {worst}; see their teardown notes)")
 
 
-class DriverFault(Exception):
+class DriverProgramFault(DriverFault):
     """The driver program crashed, exited, or broke the protocol (graded ERROR)."""
 
 
@@ -144,12 +145,12 @@ class SubprocessDriver(FrontendDriver):
                     code = await self._wait_exit(scaled(2.0))
                     what = ("driver closed its stdout and kept running" if code is None
                             else f"driver exited (code {code})")
-                    raise DriverFault(f"{what} {self._pending_text()}".rstrip())
+                    raise DriverProgramFault(f"{what} {self._pending_text()}".rstrip())
                 if not line.strip():
                     continue
                 self._dispatch(decode_line(line))
         except DriverProtocolError as exc:
-            self._set_fault(DriverFault(f"driver broke the protocol: {exc}"))
+            self._set_fault(DriverProgramFault(f"driver broke the protocol: {exc}"))
         except DriverFault as exc:
             self._set_fault(exc)
 
@@ -161,7 +162,7 @@ class SubprocessDriver(FrontendDriver):
             await asyncio.sleep(0.05)
         code = self._proc.returncode
         await asyncio.sleep(scaled(EXIT_DRAIN_S))
-        self._set_fault(DriverFault(f"driver exited (code {code}) "
+        self._set_fault(DriverProgramFault(f"driver exited (code {code}) "
                                     f"{self._pending_text()}".rstrip()))
 
     def _pending_text(self) -> str:
@@ -243,7 +244,7 @@ class SubprocessDriver(FrontendDriver):
                 await asyncio.sleep(0.05)  # let the reader report the exit with its code
                 if self._fault is not None:
                     raise self._fault from None
-                raise DriverFault(f"driver stdin closed during `{cmd}` (id {cid})") from None
+                raise DriverProgramFault(f"driver stdin closed during `{cmd}` (id {cid})") from None
             bound = self.command_timeout if timeout is None else timeout
             try:
                 reply = await asyncio.wait_for(asyncio.shield(future), bound)

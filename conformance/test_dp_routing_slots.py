@@ -1,4 +1,6 @@
-"""A request that ends frees exactly its own routing slot, whichever way it ended.
+"""DP routing from what the frontend itself knows: its own slots, its pins, engines' stats.
+
+A request that ends frees exactly its own routing slot, whichever way it ended.
 
 A DP frontend routes an unpinned request to the engine with the least work: its own
 in-flight count per engine (vllm-rs `EngineRoutingState.inflight`; vLLM's Python DPLB
@@ -10,11 +12,14 @@ one engine in each way and then probe the routing twice: once where the busy eng
 still count its remaining requests, once where it must no longer count the ended ones.
 The DP coordinator's snapshot shows no load (as a stale one does), so nothing but the
 frontend's own count can steer the routing.
+
+Also here: an ADD pinned to a rank carries that rank (the engine's and the coordinator's
+view of the pin), and load an engine reports only in the scheduler_stats of its outputs
+counts for routing (vllm-rs does; the Python client does not, baselined).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -137,55 +142,112 @@ for _kind in KINDS:
     _make_slot_case(_kind)
 
 
-# ----------------------------------------------------------------- abort latency
-
-PROMPT_BOUND = 0.5  # seconds (scaled): vLLM's clients abort at once, not on a timer
+# ----------------------------------------------------------------- pinned ADDs
 
 
-def _make_prompt_abort(how: str, engines: int) -> None:
-    @case(f"abort.{how}.reaches_engine_promptly_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s), each of three streams {how}ped one after another (the "
-          f"next once the previous ABORT arrived) has its ABORT at its engine within "
-          f"{PROMPT_BOUND} s: an engine keeps generating for nobody until it arrives.",
-          source="vllm 0.33.0 async_llm.py generate() (a cancelled stream aborts in its "
-                 "finally, at once); rust-client.md §1.5 (the abort loop wakes on each "
-                 "queued id and drains immediately)",
-          needs=[Capability.GENERATE,
-                 Capability.DROP if how == "drop" else Capability.ABORT])
+def _make_pinned_rank_stamped(engines: int) -> None:
+    @case(f"dp.routing.pinned_rank_on_add_{engines}_engines", Level.MUST,
+          f"With {engines} engines, an ADD pinned with data_parallel_rank r carries r in its "
+          "data_parallel_rank field (the engine's and coordinator's view of the pin); an "
+          "unpinned ADD carries none.",
+          source="vllm 0.33.0 async_llm.py add_request (data_parallel_rank on the "
+                 "EngineCoreRequest); core_client.py:1761 (routing reads it)",
+          needs=[Capability.GENERATE, Capability.DP_RANK])
     async def run(ctx: CaseContext) -> None:
-        group = await ctx.start([EngineScript(rules=[any_request(hold())])
-                                 for _ in range(engines)])
-        prompts = [prompt(800 + i) for i in range(3)]
-        handles = [await ctx.driver.generate(p, 50) for p in prompts]
+        group = await ctx.start([EngineScript() for _ in range(engines)])
+        pinned = {tuple(prompt(r)): r for r in reversed(range(engines))}
+        free = prompt(99)
+        handles = [await ctx.driver.generate(list(p), 2, data_parallel_rank=r)
+                   for p, r in pinned.items()]
+        handles.append(await ctx.driver.generate(free, 2))
         for h in handles:
-            await h.wait_first(ctx.t(3))
-        ok = await ctx.wait_until(lambda: all(request_for(group, p) for p in prompts), 3)
-        ctx.require(ok, expected="three ADDs at the engines",
-                    observed=len(group.transcript.adds()))
-        delays: list[float | None] = []
-        for p, h in zip(prompts, handles, strict=True):
-            found = request_for(group, p)
-            assert found is not None
-            rid = found[1]
-            started = time.monotonic()
-            if how == "drop":
-                await ctx.driver.drop([h])
-            else:
-                await ctx.driver.abort([rid])
-            arrived = await ctx.wait_until(lambda rid=rid: rid in  # type: ignore[misc]
-                                           group.transcript.aborted_ids(), 3)
-            times = [r.t for r in group.transcript.abort_frames()
-                     if rid in r.message.request_ids]
-            delays.append(round(min(times) - started, 3) if arrived and times else None)
-        bound = ctx.t(PROMPT_BOUND)
-        ctx.note(f"ABORT delays {delays} s")
-        ctx.require(all(d is not None and d <= bound for d in delays),
-                    expected=f"each ABORT at its engine within {bound:.2f} s",
-                    observed=f"delays (s) {delays}")
+            await h.wait(ctx.t(3))
+        by_prompt_ = {tuple(r.prompt_token_ids or []): r.data_parallel_rank
+                      for r in group.transcript.adds()}
+        got = {p: by_prompt_.get(p, "no ADD") for p in pinned}
+        ctx.require(got == pinned, expected=f"data_parallel_rank on the pinned ADDs {pinned}",
+                    observed=got)
+        ctx.require(by_prompt_.get(tuple(free), "no ADD") is None,
+                    expected="no data_parallel_rank on the unpinned ADD",
+                    observed=by_prompt_.get(tuple(free), "no ADD"))
 
-    run.__name__ = run.__qualname__ = f"{how}_reaches_engine_promptly_{engines}"
+    run.__name__ = run.__qualname__ = f"pinned_rank_on_add_{engines}"
     globals()[run.__name__] = run
 
 
-for _n in (1, 2):
-    _make_prompt_abort("drop", _n)
+for _n in (2, 3):
+    _make_pinned_rank_stamped(_n)
+
+
+# ----------------------------------------------------------------- load in scheduler_stats
+
+STATS_SRC = ("rust-client.md §1.6 (apply_scheduler_stats: an engine's last scheduler_stats "
+             "{waiting, running} is its routing load); contract-coverage.md #9; vllm 0.33.0 "
+             "SchedulerStats num_waiting_reqs / num_running_reqs")
+STATS_LOADS = {
+    "running_2_engines": [(0, 4), (0, 0)],
+    "waiting_2_engines": [(4, 0), (0, 0)],
+    "mixed_3_engines": [(3, 0), (0, 3), (0, 0)],
+}
+
+
+def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
+    idle = loads.index((0, 0))
+
+    @case(f"dp.routing.scheduler_stats_load_{name}", Level.SHOULD,
+          f"Load that engines report only in the scheduler_stats of their outputs ((waiting, "
+          f"running) {loads}; the DP coordinator publishes nothing meanwhile) should count for "
+          f"routing: an unpinned request goes to engine {idle}, the idle one.",
+          source=STATS_SRC, needs=[Capability.GENERATE, Capability.DP_RANK])
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(log_stats=True, reported_load=load,
+                                              load_in_stats_only=True) for load in loads])
+        if group.coordinator is not None:  # silent: the load is only in scheduler_stats
+            group.coordinator.publishing = False
+        for rank in range(len(loads)):  # one finished request each: stats on every path
+            warm = await ctx.driver.generate(prompt(300 + rank), 2, data_parallel_rank=rank)
+            await warm.wait(ctx.t(3))
+        await ctx.quiet(0.3)  # the stats-only messages after each engine went idle land
+        p = prompt(399)
+        handle = await ctx.driver.generate(p, 2)
+        await handle.wait(ctx.t(3))
+        found = next((r for r in range(len(loads))
+                      if any(a.prompt_token_ids == p for a in group.transcript.adds(r))),
+                     None)
+        ctx.require(found == idle, expected=f"the unpinned request at engine {idle}",
+                    observed=f"at engine {found}")
+
+    run.__name__ = run.__qualname__ = f"stats_only_load_{name}"
+    globals()[run.__name__] = run
+
+
+for _name, _loads in STATS_LOADS.items():
+    _make_stats_only_load(_name, _loads)
+
+
+@case("dp.routing.scheduler_stats_idle_report_counts_zero", Level.MUST,
+      "An engine whose latest scheduler_stats (the stats-only message it sends once idle) "
+      "report 0 waiting and 0 running counts as idle: an unpinned request goes there, not "
+      "to the engine with one of this client's requests in flight (the DP coordinator "
+      "publishes nothing meanwhile).", source=STATS_SRC,
+      needs=[Capability.GENERATE, Capability.DP_RANK])
+async def stats_idle_report_counts_zero(ctx: CaseContext) -> None:
+    # Engine 1 reports stats (log_stats); engine 0 does not and holds one request.
+    group = await ctx.start([EngineScript(rules=[by_prompt(prompt(310), [Emit([100])])],
+                                          report_finished=True),
+                             EngineScript(log_stats=True, report_finished=True)])
+    if group.coordinator is not None:
+        group.coordinator.publishing = False
+    busy = await ctx.driver.generate(prompt(310), 50, data_parallel_rank=0)
+    warm = await ctx.driver.generate(prompt(311), 2, data_parallel_rank=1)
+    await busy.wait_first(ctx.t(3))
+    await warm.wait(ctx.t(3))
+    await ctx.quiet(0.3)  # engine 1's stats-only message after it went idle lands
+    p = prompt(399)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = next((r for r in range(2)
+                  if any(a.prompt_token_ids == p for a in group.transcript.adds(r))), None)
+    ctx.require(found == 1, expected="the unpinned request at engine 1 (reported 0 waiting, "
+                                     "0 running; engine 0 has 1 in flight)",
+                observed=f"at engine {found}")
