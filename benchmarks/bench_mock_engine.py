@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
-import psutil
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.bench.proc import thread_cpu  # noqa: E402
 from harness.transport.endpoints import PrivateIpcDir  # noqa: E402
 from harness.transport.sockets import make_socket  # noqa: E402
 from harness.wire import DEFAULT_CODEC  # noqa: E402
@@ -56,10 +56,7 @@ class Run(NamedTuple):
 
 def _thread_cpu(native_id: int | None) -> float:
     """CPU seconds (user + system) of one thread of this process, from /proc."""
-    for thread in psutil.Process().threads():
-        if thread.id == native_id:
-            return float(thread.user_time + thread.system_time)
-    return 0.0
+    return thread_cpu(native_id) or 0.0
 
 
 def _load_script() -> EngineScript:

@@ -85,6 +85,7 @@ class EngineRunner:
         # Utilisation (load mode): seconds the thread spent waiting (poll, blocked sends).
         self.idle_s = 0.0
         self.native_id: int | None = None  # the thread's OS id (its CPU time in /proc)
+        self.registered_at: float | None = None  # monotonic time of the ready frame
         self._idle_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"mock-engine-{core.rank}",
                                         daemon=True)
@@ -273,7 +274,8 @@ class EngineRunner:
         payload = self.core.ready_payload()
         for sock in self._inputs:
             sock.send(payload)
-        self.core.record_ready(time.monotonic(), payload)
+        self.registered_at = time.monotonic()
+        self.core.record_ready(self.registered_at, payload)
         self.registered.set()
 
     def _loop(self) -> None:
@@ -338,8 +340,8 @@ class EngineRunner:
                 events = self._ready_now()
             else:
                 deadline = core.next_deadline()
-                timeout = (_MAX_POLL_MS if deadline is None
-                           else min((deadline - now) * 1000.0, _MAX_POLL_MS))
+                timeout = (_MAX_POLL_MS if deadline is None  # a past deadline: no wait
+                           else max(0.0, min((deadline - now) * 1000.0, _MAX_POLL_MS)))
                 self._idle_since = now
                 events = dict(poller.poll(int(timeout)))
                 self._idle_since = None
