@@ -36,6 +36,7 @@ class BenchOptions:
     tokens_per_request: int = 256
     warmup_s: float = 1.0
     window_s: float = 3.0
+    repeat: int = 3  # throughput windows per level (best kept, all recorded)
     latency_streams: int = 16
     latency_step_interval_s: float = 0.005
     ttft_requests: int = 100
@@ -54,7 +55,7 @@ class BenchOptions:
     @classmethod
     def quick(cls) -> BenchOptions:
         return cls(concurrency=(1, 16, 64), tokens_per_request=32, warmup_s=0.3,
-                   window_s=1.0, latency_streams=4, ttft_requests=20, utility_calls=30,
+                   window_s=1.0, repeat=1, latency_streams=4, ttft_requests=20, utility_calls=30,
                    abort_streams=200, startup_runs=1)
 
 
