@@ -10,7 +10,8 @@ from harness.bench.model import higher_is_better
 
 Doc = dict[str, Any]
 # Figures in the ratio table (every figure is in the table of absolute values below it).
-HEADLINE = ("tokens_per_s", "frontend_cpu_s_per_mtok", "token_p50_ms", "token_p99_ms",
+HEADLINE = ("tokens_per_s", "frontend_cpu_s_per_mtok", "client_cpu_s_per_mtok",
+            "token_p50_ms", "token_p99_ms",
             "ttft_p50_ms", "ttft_p99_ms", "request_to_add_p50_ms", "first_sent_to_client_p50_ms",
             "all_aborted_ms", "abort_frames", "rtt_p50_ms", "rtt_p99_ms", "first_served_ms")
 

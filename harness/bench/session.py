@@ -103,9 +103,19 @@ class FrontendCpu:
         self.scope = ("frontend process tree" if self._pid is not None else
                       "harness process minus engine threads (frontend + bench client)")
 
+    @property
+    def separate(self) -> bool:
+        """The frontend runs in its own process (its CPU is its own, the client's apart)."""
+        return self._pid is not None
+
     def sample(self) -> float | None:
         if self._pid is not None:
             return tree_cpu(self._pid)
+        return self.harness_sample()
+
+    def harness_sample(self) -> float:
+        """This process minus the engine threads: the bench client and its driver (and the
+        frontend itself when it runs in-process)."""
         engines = sum(thread_cpu(t) or 0.0 for t in self._engine_threads)
         return self_cpu() - engines
 

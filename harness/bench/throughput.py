@@ -56,7 +56,7 @@ async def _level(fe: BenchFrontend, streams: int, options: BenchOptions) -> Row:
 
     tasks = [asyncio.create_task(worker()) for _ in range(streams)]
     cpu = fe.frontend_cpu()
-    windows: list[tuple[float, float | None, float | None, float]] = []
+    windows: list[tuple[float, float | None, float | None, float | None]] = []
     try:
         await asyncio.sleep(options.warmup_s)
         for _ in range(max(1, options.repeat)):
@@ -76,6 +76,8 @@ async def _level(fe: BenchFrontend, streams: int, options: BenchOptions) -> Row:
     row.figures["tokens_per_s"] = best[0]
     row.figures["frontend_cpu_s_per_mtok"] = best[1]
     row.engine_busy = best[2]
+    if cpu.separate:
+        row.figures["client_cpu_s_per_mtok"] = best[3]
     rates = [w[0] for w in windows]
     row.params.update(cpu_scope=cpu.scope, window_s=options.window_s,
                       windows_tokens_per_s=[round(r) for r in rates],
@@ -90,16 +92,18 @@ async def _level(fe: BenchFrontend, streams: int, options: BenchOptions) -> Row:
 
 
 async def _window(fe: BenchFrontend, handles: list[StreamHandle], cpu: FrontendCpu,
-                  seconds: float) -> tuple[float, float | None, float | None, float]:
-    """(tokens/s, frontend CPU s per million tokens, engine busy, wall) over one window."""
+                  seconds: float) -> tuple[float, float | None, float | None, float | None]:
+    """(tokens/s, frontend CPU s per million tokens, engine busy, client CPU s per million
+    tokens) over one window; the client figure only where the frontend is a process."""
     meter = fe.meter()
     tokens0 = sum(len(h.tokens) for h in handles)
-    cpu0 = cpu.sample()
+    cpu0, client0 = cpu.sample(), cpu.harness_sample()
     t0 = time.monotonic()
     await asyncio.sleep(seconds)
     tokens = sum(len(h.tokens) for h in handles) - tokens0
     wall = time.monotonic() - t0
-    cpu1 = cpu.sample()
+    cpu1, client1 = cpu.sample(), cpu.harness_sample()
     per_mtok = ((cpu1 - cpu0) / tokens * 1e6 if cpu0 is not None and cpu1 is not None
                 and tokens else None)
-    return tokens / wall, per_mtok, meter.busy(), wall
+    client = (client1 - client0) / tokens * 1e6 if tokens else None
+    return tokens / wall, per_mtok, meter.busy(), client
