@@ -38,7 +38,8 @@ chromium:
 	  echo "    could not install chromium; the HTML screenshot test will be skipped"; }
 
 conformance: $(CORE_STAMP)
-	$(BIN)/corewire run --frontend reference --report-dir reports
+	$(BIN)/corewire run --frontend reference --frontend kv:reference --frontend ec:reference \
+	  --report-dir reports
 
 # One pytest session: corewire's own tests (vllm lane included) and the conformance suites
 # against the reference frontend (in-process and via the subprocess driver protocol) and
@@ -46,7 +47,7 @@ conformance: $(CORE_STAMP)
 test: $(VLLM_STAMP) chromium
 	$(BIN)/python -m pytest -n $(XDIST) -p no:cacheprovider tests conformance \
 	  --frontend reference --frontend reference-subprocess \
-	  --frontend vllm-rs --frontend vllm-py \
+	  --frontend vllm-rs --frontend vllm-py --frontend kv:reference --frontend ec:reference \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/test
 
 # Regenerate fixtures/profiles: one protocol profile per vLLM release 0.22.0 ... 0.33.0, read
@@ -62,7 +63,7 @@ history: $(CORE_STAMP)
 # Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
 compliance: $(VLLM_STAMP)
 	-$(BIN)/corewire run --frontend reference --frontend reference-subprocess \
-	  --frontend vllm-rs --frontend vllm-py \
+	  --frontend vllm-rs --frontend vllm-py --frontend kv:reference --frontend ec:reference \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/compliance
 	$(BIN)/corewire compliance reports/compliance/results.json \
 	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md

@@ -17,34 +17,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.frontends.driver import (
-    Capability,
-    FrontendDriver,
-    FrontendError,
-    StartupError,
-    UnsupportedOperation,
-)
+from harness.frontends.driver import Capability, FrontendDriver
+from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
-from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict, grade_unmet
+from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 
 EXCERPT_RECORDS = 40
-
-
-class CaseUnmet(Exception):
-    """A requirement of the case was not met by the frontend under test."""
-
-    def __init__(self, expected: str, observed: str) -> None:
-        super().__init__(f"expected {expected}; observed {observed}")
-        self.expected = expected
-        self.observed = observed
-
-
-class CaseUnsupported(Exception):
-    """The driver lacks a capability the case needs."""
 
 
 class CaseContext:
@@ -145,37 +127,34 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     ctx = CaseContext(spec, driver, profile)
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
+    cancelled = False
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
         await asyncio.wait_for(fn(ctx), scaled(spec.timeout))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
-    except CaseUnsupported as exc:
-        verdict, message = Verdict.UNSUPPORTED, str(exc)
-    except UnsupportedOperation as exc:
-        verdict, message = Verdict.UNSUPPORTED, f"driver cannot: {exc}"
-    except CaseUnmet as exc:
-        verdict = grade_unmet(spec.level)
-        ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
-        message = str(exc)
-    except (asyncio.TimeoutError, TimeoutError) as exc:
-        verdict = Verdict.TIMEOUT
-        message = f"no outcome within the case bound ({str(exc) or type(exc).__name__})"
-    except StartupError as exc:
-        verdict, message = grade_unmet(spec.level), f"frontend did not start: {exc}"
-        if verdict is Verdict.INFO:
-            ctx.note(message)
-    except FrontendError as exc:
-        verdict = grade_unmet(spec.level)
-        message = f"frontend call failed unexpectedly: {type(exc).__name__}: {exc}"
-        if verdict is Verdict.INFO:
-            ctx.note(message)
-    except Exception as exc:  # a harness or driver fault: ERROR, with the traceback
-        verdict = Verdict.ERROR
-        message = f"{type(exc).__name__}: {exc}"
-        ctx.note(traceback.format_exc(limit=6))
-    problems = await ctx.close()
+    except Exception as exc:  # every outcome class names its verdict: harness/grading.py
+        grade = grade_of(exc)
+        verdict = verdict_for(grade, spec.level)
+        message = (_case_timeout_message(spec, driver, exc) if grade.case_bound
+                   else message_for(grade, exc))
+        if isinstance(exc, CaseUnmet):
+            ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
+        elif grade.traceback:
+            ctx.note(traceback.format_exc(limit=6))
+        elif grade.verdict is None and verdict is Verdict.INFO:
+            ctx.note(message)  # an INFO case records what the frontend did
+    except asyncio.CancelledError:  # interrupted (SIGINT/SIGTERM): tear down, no verdict
+        cancelled = True
+    fault = driver.fault()  # before teardown: the exit teardown asks for is no fault
+    if fault is not None and verdict is not Verdict.ERROR and not cancelled:
+        # What the case saw came through a broken driver: not frontend behaviour to grade.
+        ctx.note(f"outcome before the driver fault (not graded): {verdict.value}: {message}")
+        verdict, message = Verdict.ERROR, f"driver fault: {fault}"
+    problems, cancelled_in_close = await _close_to_the_end(ctx)
+    if cancelled or cancelled_in_close:
+        raise asyncio.CancelledError
     for problem in problems:
         ctx.note(f"teardown: {problem}")
     diagnostics = driver.diagnostics()
@@ -187,6 +166,30 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
     if verdict is not Verdict.PASS and ctx.group is not None:
         _attach_transcript(result, ctx.group, transcript_dir)
     return result
+
+
+def _case_timeout_message(spec: CaseSpec, driver: FrontendDriver, exc: BaseException) -> str:
+    """Names the driver command(s) left unanswered when the case bound ran out."""
+    detail = str(exc) or f"{scaled(spec.timeout):.1f} s"
+    waiting = driver.unanswered()
+    if waiting:
+        return f"no outcome within the case bound ({detail}); no reply to {', '.join(waiting)}"
+    return f"no outcome within the case bound ({detail})"
+
+
+async def _close_to_the_end(ctx: CaseContext) -> tuple[list[str], bool]:
+    """Teardown that a cancellation (an interrupt) cannot cut short: engines, driver and
+    ipc dir are gone when this returns. Also says whether it was cancelled meanwhile."""
+    closing = asyncio.ensure_future(ctx.close())
+    cancelled = False
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            cancelled = True
+    if closing.cancelled():  # only when the whole event loop is being torn down
+        return ["teardown cancelled"], True
+    return closing.result(), cancelled
 
 
 def transcript_file_name(case_id: str, frontend: str) -> str:

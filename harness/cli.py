@@ -12,9 +12,7 @@ Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL 
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
 4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
 every command exits 4 with one line (no traceback) on unreadable or malformed input.
-`bench` exits 0 when every scenario ran (and, with --bench-baseline, every gated figure is
-within the ratio of the saved run of the same frontend), 1 when a gated figure regressed or
-was refused / lost, 3 when a scenario could not run (its error is in the report), 4 usage.
+The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes there too).
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ class UsageError(Exception):
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
-    import subprocess
-
     try:
         os.makedirs(args.report_dir, exist_ok=True)
         if not os.access(args.report_dir, os.W_OK):
@@ -71,7 +67,55 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
             raise UsageError(f"--profile: {exc}") from None
         argv += ["--profile", args.profile]
     # A child process: pytest must import (and assertion-rewrite) the plugin itself.
-    return subprocess.run([sys.executable, "-m", "pytest", *argv, *extra]).returncode
+    return _run_child([sys.executable, "-m", "pytest", *argv, *extra])
+
+
+INTERRUPTED = 2  # pytest's code for an interrupted session
+STOP_BOUND_S = 60.0  # after SIGINT/SIGTERM: how long the pytest child may take to stop
+
+
+def _run_child(argv: list[str]) -> int:
+    """Run pytest; SIGINT / SIGTERM are forwarded to it (once each, the child treats
+    repeats as the same interrupt) and we wait for it to write its partial reports and
+    reap its children. A child still running STOP_BOUND_S x timescale after the signal
+    is killed. Never returns before the child has exited."""
+    import signal
+    import subprocess
+    import time
+
+    from harness.timing import scaled
+
+    child = subprocess.Popen(argv)
+    received: list[int] = []
+    deadline: float | None = None
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if received and deadline is None:
+                deadline = time.monotonic() + scaled(STOP_BOUND_S)
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"corewire run: pytest did not stop within {scaled(STOP_BOUND_S):.0f}"
+                      f" s of the interrupt; killed", file=sys.stderr)
+                child.kill()
+                child.wait()
+                return INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received and code < 0:  # ended by a signal: still an interrupt
+        return INTERRUPTED
+    return code
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -129,6 +173,7 @@ def _profiles(args: argparse.Namespace) -> int:
 
 
 BENCH_SCENARIO_FAILED = 3
+BENCH_INTERRUPTED = 2
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -162,6 +207,8 @@ def _bench(args: argparse.Namespace) -> int:
     code = 0
     if any(s.get("error") for f in doc["frontends"].values() for s in f["scenarios"].values()):
         code = BENCH_SCENARIO_FAILED
+    if doc.get("partial"):
+        return BENCH_INTERRUPTED
     if saved is not None:
         verdicts = compare(saved, doc, args.bench_min_ratio)
         for verdict in verdicts:

@@ -10,6 +10,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from harness import process_tree
 from harness.transport.endpoints import PrivateIpcDir
 
 
@@ -22,19 +23,13 @@ class Snapshot:
 
 
 def _children() -> frozenset[int]:
-    me = str(os.getpid())
-    out = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":  # ppid, state (zombies are reaped soon)
-            out.add(int(pid))
-    return frozenset(out)
+    """Every live process this one started, directly or not: its descendants by parent
+    chain, and every process carrying its owner marker (a grandchild that called setsid()
+    and was re-parented to init keeps the marker in its environment)."""
+    table = process_tree.process_table()
+    found = process_tree.descendants([os.getpid()], table)
+    found |= process_tree.marked(process_tree.OWNER_VAR, process_tree.owner_token(), table)
+    return frozenset(found)
 
 
 def _socket_fds() -> int:
@@ -59,7 +54,8 @@ def leaks_since(before: Snapshot) -> list[str]:
     now = snapshot()
     problems = []
     if now.children - before.children:
-        problems.append(f"child processes still running: {sorted(now.children - before.children)}")
+        problems.append(f"child processes still running (descendants included): "
+                        f"{sorted(now.children - before.children)}")
     if now.sockets > before.sockets:
         problems.append(f"{now.sockets - before.sockets} socket fd(s) still open")
     if now.ipc_dirs - before.ipc_dirs:

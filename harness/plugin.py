@@ -11,16 +11,19 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
+import shutil
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from harness import interrupts, selection
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
+from harness.report.evidence import evidence_text
 from harness.verdicts import AREAS, CaseResult, CaseSpec, Verdict
 from harness.wire.profiles import ProtocolProfile, get_profile
 
@@ -51,6 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
     _check_usage(config)
+    selection.configure_components(config)
+    if selection.conformance_only(config) and not _is_worker(config):
+        _terminal_is_ours(config)
     if config.getoption("timescale"):
         os.environ["COREWIRE_TIMESCALE"] = str(config.getoption("timescale"))
     path = config.getoption("baseline")
@@ -90,6 +96,15 @@ def _check_usage(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--baseline {path}: no such file")
 
 
+def _terminal_is_ours(config: pytest.Config) -> None:
+    """A conformance-only session: one line per non-PASS verdict (our summary) instead of
+    pytest's failure pages; `--tb` / `-r` given on the command line still win."""
+    if config.option.tbstyle == "auto":
+        config.option.tbstyle = "no"
+    if config.option.reportchars == "fE":  # pytest's default: keep errors outside cases
+        config.option.reportchars = "E"  # (a leak found at session end, a fixture fault)
+
+
 def _filtered(config: pytest.Config) -> bool:
     return bool(config.getoption("keyword") or config.getoption("markexpr")
                 or any("::" in arg for arg in config.args)
@@ -113,11 +128,12 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
     if spec is None or not isinstance(collector, pytest.Module):
         return None
     items: list[pytest.Item] = []
-    frontends = _frontends(collector.config)
-    if spec.area == "components":  # they test a component, not a frontend: run once
+    frontends = selection.wire_frontends(collector.config)
+    if spec.area == "components":  # a component, not a frontend: only when asked for
         from harness.components import component_label
 
-        frontends = [component_label(spec.case_id)]
+        frontends = selection.component_labels(collector.config, spec.case_id,
+                                               component_label(spec.case_id))
     for frontend in frontends:
         item = pytest.Function.from_parent(collector, name=f"{spec.case_id}[{frontend}]",
                                            callobj=obj,
@@ -148,9 +164,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     report_dir = config.getoption("report_dir")
     try:
         driver = make_driver(frontend)
-        result = asyncio.run(run_case(spec, pyfuncitem.obj, driver,
-                                      os.path.join(report_dir, "transcripts"),
-                                      _profile(config)))
+        result = interrupts.run_interruptible(
+            run_case(spec, pyfuncitem.obj, driver, os.path.join(report_dir, "transcripts"),
+                     _profile(config)))
     except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
@@ -158,7 +174,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     baseline: Baseline | None = config._corewire_baseline  # type: ignore[attr-defined]
     outcome = apply_baseline(result, baseline)
     pyfuncitem.corewire_result = json.dumps(result.to_json())  # type: ignore[attr-defined]
-    _print_evidence(result)
+    print(evidence_text(result, report_dir))  # captured: JUnit system-out
     if outcome.fail:
         pyfuncitem.corewire_failure = outcome.message  # type: ignore[attr-defined]
         pytest.fail(outcome.message, pytrace=False)
@@ -167,30 +183,50 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-def _print_evidence(result: CaseResult) -> None:
-    """Goes to captured stdout, i.e. JUnit system-out and pytest's failure section."""
-    print(f"case: {result.case_id}  frontend: {result.frontend}  level: {result.level}")
-    print(f"requirement: {result.requirement}")
-    print(f"source: {result.source}")
-    print(f"verdict: {result.verdict.value}: {result.message}")
-    ev = result.evidence
-    if ev.expected or ev.observed:
-        print(f"expected: {ev.expected}\nobserved: {ev.observed}")
-    for note in ev.notes:
-        print(f"note: {note}")
-    if ev.transcript:
-        print(f"transcript ({len(ev.transcript)} records shown; full: {ev.transcript_file}):")
-        for rec in ev.transcript:
-            print("  " + json.dumps(rec, separators=(",", ":"))[:600])
-
-
 _RESULTS: list[CaseResult] = []  # this process's session; reset at sessionstart
+_FAILING: dict[tuple[str, str], str] = {}  # (case, frontend) -> why it fails the run
+_SESSION: dict[str, bool] = {"worker": False}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _RESULTS.clear()
+    _FAILING.clear()
+    _SESSION["worker"] = _is_worker(session.config)
     session.config._corewire_results = _RESULTS  # type: ignore[attr-defined]
+    interrupts.install()
+    if not _is_worker(session.config):
+        from harness.report.reportdir import clear_report_set
+
+        clear_report_set(session.config.getoption("report_dir"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts.restore()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node: Any) -> None:
+    """An xdist worker: it gets the controller's first interrupt at once."""
+    # No pid known: execnet itself interrupts the worker on teardown (after 5 s).
+    with contextlib.suppress(Exception):
+        interrupts.add_worker(int(node.gateway._rinfo().pid))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config) -> None:
+    selection.deselect_by_keyword(items, config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    selection.restore_keyword(session.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """An interrupt that arrived as a case finished: stop before the next one."""
+    if interrupts.interrupted_by() is not None:
+        raise KeyboardInterrupt
 
 
 @pytest.hookimpl(wrapper=True)
@@ -209,11 +245,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     return report
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Runs on the xdist controller too: collect every case result exactly once."""
+    """Runs on the xdist controller too: collect every case result exactly once.
+
+    Runs after JUnit has taken the captured evidence (system-out); the terminal then
+    drops it, so a failing case is one line there, not pages of transcript."""
     value = getattr(report, PROPERTY, None)
     if report.when == "call" and value is not None:
-        _RESULTS.append(CaseResult.from_json(json.loads(value)))
+        result = CaseResult.from_json(json.loads(value))
+        _RESULTS.append(result)
+        if report.failed:  # the run fails on it: say why (stale / expired baseline too)
+            _FAILING[(result.case_id, result.frontend)] = str(report.longrepr)
+        if not _SESSION["worker"]:  # a worker ships the evidence to the controller
+            report.sections = [s for s in report.sections if not s[0].startswith("Captured")]
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -222,35 +267,77 @@ def _is_worker(config: pytest.Config) -> bool:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    _remove_leftover_ipc_dirs()
     if _is_worker(config):
         return
     results: list[CaseResult] = config._corewire_results  # type: ignore[attr-defined]
-    if not results:
+    partial = _partial_reason(exitstatus)
+    config._corewire_partial = partial  # type: ignore[attr-defined]
+    if not results and partial is None:
         return
     from harness.report.writer import write_reports
 
     results.sort(key=lambda r: (r.case_id, r.frontend))
     report_dir = config.getoption("report_dir")
-    write_reports(results, report_dir, _profile(config))
-    if config.getoption("update_baseline"):
+    write_reports(results, report_dir, _profile(config), partial)
+    if config.getoption("update_baseline") and partial is None:
         Baseline.from_results(results).save(config.getoption("baseline"))
+
+
+def _partial_reason(exitstatus: int) -> str | None:
+    signal_name = interrupts.interrupted_by()
+    if signal_name is not None:
+        return f"interrupted by {signal_name}"
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return "interrupted"
+    return None
+
+
+def _remove_leftover_ipc_dirs() -> None:
+    """Backstop after an interrupt: no private ipc dir of this process outlives the run."""
+    from harness.transport.endpoints import PrivateIpcDir
+
+    for path in sorted(PrivateIpcDir.live):
+        shutil.rmtree(path, ignore_errors=True)
+        PrivateIpcDir.live.discard(path)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
                             ) -> None:
+    """One line per non-PASS verdict (and per case failing the run through its baseline),
+    then where the evidence is."""
     results: list[CaseResult] = getattr(config, "_corewire_results", [])
-    if _is_worker(config) or not results:
+    partial: str | None = getattr(config, "_corewire_partial", None)
+    if _is_worker(config):
+        return
+    if not results and partial is None:
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
+                                        "matched no case")
         return
     counts: dict[str, int] = {}
     for r in results:
         counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
     tr = terminalreporter
     tr.section("corewire verdicts")
+    if partial is not None:
+        tr.write_line(f"PARTIAL: {partial}; {len(results)} finished cases reported")
     tr.write_line("  ".join(f"{v.value}={counts.get(v.value, 0)}" for v in Verdict))
     for r in results:
-        if r.verdict is not Verdict.PASS:
-            flag = " (baselined)" if r.baseline else ""
-            tr.write_line(f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: "
-                          f"{r.message[:110]}")
-    tr.write_line(f"reports: {os.path.join(config.getoption('report_dir'), 'results.json')}, "
-                  f"{os.path.join(config.getoption('report_dir'), 'report.html')}")
+        failing = _FAILING.get((r.case_id, r.frontend))
+        if r.verdict is Verdict.PASS and failing is None:
+            continue
+        flag = " (baselined)" if r.baseline else ""
+        why = failing if failing is not None and not failing.startswith(r.verdict.value) \
+            else r.message
+        line = f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: {why}"
+        tr.write_line(line.splitlines()[0][:200] if line else line)
+    from harness.frontends.subprocess_driver import stuck_driver_warning
+
+    warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
+                                    for r in results})
+    if warning:
+        tr.write_line(warning, yellow=True, bold=True)
+    report_dir = config.getoption("report_dir")
+    tr.write_line(f"reports: {os.path.join(report_dir, 'results.json')}, "
+                  f"{os.path.join(report_dir, 'report.html')} (evidence and transcripts)")

@@ -51,11 +51,27 @@ class CoordinatorLink:
             self.sub = make_socket(ctx, zmq.XSUB,
                                    identity=engine_identity(rank if alias is None else alias))
             self.sub.connect(addresses.coordinator_input)
-            self.sub.send(SUBSCRIBE_ALL)
-            self._record("out", (SUBSCRIBE_ALL,), None, "subscription")
+            delay = self.core.script.coordinator_subscribe_delay
+            if delay > 0:  # a slow engine: its subscription reaches the coordinator late
+                time.sleep(delay)
+            self.subscribe()
         if addresses.coordinator_output is not None:
             self.push = make_socket(ctx, zmq.PUSH, linger=1000)
             self.push.connect(addresses.coordinator_output)
+
+    def subscribe(self) -> None:
+        """Send the subscription `b"\\x01"` (again: an engine whose XSUB reconnected)."""
+        assert self.sub is not None
+        sent_at = time.monotonic()  # before the send: a reply can be recorded first
+        self.sub.send(SUBSCRIBE_ALL)
+        self._record("out", (SUBSCRIBE_ALL,), None, "subscription", at=sent_at)
+
+    def send_upstream(self, frame: bytes) -> None:
+        """Send an arbitrary upstream frame on the XSUB (not a subscription: a misbehaving
+        engine; vLLM's coordinator sees it on its engine-facing XPUB)."""
+        assert self.sub is not None
+        self.sub.send(frame)
+        self._record("out", (frame,), None, "upstream message")
 
     def wait_ready(self, timeout: float, stopping: Callable[[], bool]) -> bool:
         """Block until the coordinator's READY (no coordinator: at once). False if the
@@ -109,9 +125,18 @@ class CoordinatorLink:
         self.push.send_multipart(list(frames))
         self._record("out", frames, outputs, "to coordinator")
 
+    def send_raw(self, frames: list[bytes]) -> None:
+        """PUSH raw frames to the coordinator (undecodable bytes, ENGINE_CORE_DEAD...)."""
+        if self.push is None:
+            self._record("out", tuple(frames), None, "dropped: INIT named no coordinator")
+            return
+        self.push.send_multipart(frames)
+        self._record("out", tuple(frames), None, "raw to coordinator")
+
     def _record(self, direction: str, frames: tuple[bytes, ...], message: object, note: str,
-                error: ProtocolError | None = None) -> None:
-        self.core.transcript.append(Record(time.monotonic(), self.core.rank,
+                error: ProtocolError | None = None, at: float | None = None) -> None:
+        self.core.transcript.append(Record(time.monotonic() if at is None else at,
+                                           self.core.rank,
                                            "in" if direction == "in" else "out",
                                            "coordinator", frames, message, error, note))
 

@@ -416,7 +416,8 @@ class MockEngineCore:
 
     def counts(self) -> tuple[int, int]:
         """(waiting, running) as a DP coordinator would publish them."""
-        waiting, running = self.script.reported_load
+        waiting, running = ((0, 0) if self.script.load_in_stats_only
+                            else self.script.reported_load)
         load = self.load.running if self.load is not None else 0
         return waiting, len(self.live) + running + load
 

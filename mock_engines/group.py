@@ -73,6 +73,18 @@ class MockEngine:
         """One engine -> coordinator message, as vLLM's output thread sends client -1."""
         self._runner().send_coordinator(outputs)
 
+    def send_coordinator_raw(self, frames: list[bytes]) -> None:
+        """Raw frames on the coordinator path (undecodable bytes, ENGINE_CORE_DEAD)."""
+        self._runner().send_coordinator_raw(frames)
+
+    def coordinator_upstream(self, frame: bytes) -> None:
+        """A non-subscription message up the engine's XSUB to the coordinator's XPUB."""
+        self._runner().coordinator_upstream(frame)
+
+    def coordinator_resubscribe(self) -> None:
+        """Subscribe again, as an engine whose coordinator connection was re-established."""
+        self._runner().coordinator_resubscribe()
+
     def start_wave(self, wave: int) -> None:
         """"I started wave `wave`" (an idle engine got a request, core.py:2374-2385)."""
         self.send_coordinator(m.EngineCoreOutputs(start_wave=wave))
@@ -129,6 +141,12 @@ class MockCoordinator:
         self.failure: BaseException | None = None
         self.wave = 0
         self.running: bool | None = None  # None: published as "any engine has live work"
+        # (waiting, running) per engine published instead of the engines' live counts (a
+        # stale snapshot): routing then rests on the frontend's own in-flight counts.
+        self.counts_override: list[tuple[int, int]] | None = None
+        # False: no regular publications (between two of vLLM's, or a coordinator whose
+        # stats stopped): load then reaches a frontend only in the engines' scheduler_stats.
+        self.publishing = True
         # Raw payloads published (once each, in order) before the next regular publication:
         # undecodable stats a frontend must survive.
         self.inject: list[bytes] = []
@@ -174,19 +192,25 @@ class MockCoordinator:
                                                   "coordinator", (raw,), None, None,
                                                   "injected"))
                 if time.monotonic() >= next_publish:
-                    counts = [(w, r, 0.0) for w, r in (e.load() for e in self._engines)]
-                    running = (any(r for _, r, _ in counts) if self.running is None
-                               else self.running)
-                    update = m.DPStatsUpdate(counts, self.wave, running)
-                    payload = self._codec.encode_dp_stats(update)
-                    sock.send(payload)
-                    self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
-                                                  "coordinator", (payload,), update))
+                    if self.publishing:
+                        self._publish(sock)
                     next_publish = time.monotonic() + self._interval
         except BaseException as exc:
             self.failure = exc
         finally:
             sock.close(0)
+
+    def _publish(self, sock: zmq.Socket[bytes]) -> None:
+        """One regular publication: the engines' live counts (or the override)."""
+        live = (self.counts_override if self.counts_override is not None
+                else [e.load() for e in self._engines])
+        counts = [(w, r, 0.0) for w, r in live]
+        running = any(r for _, r, _ in counts) if self.running is None else self.running
+        update = m.DPStatsUpdate(counts, self.wave, running)
+        payload = self._codec.encode_dp_stats(update)
+        sock.send(payload)
+        self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "out",
+                                      "coordinator", (payload,), update))
 
 
 class EngineGroup:

@@ -148,6 +148,15 @@ class EngineRunner:
         """Send one engine -> coordinator message (start_wave / wave_complete / stats)."""
         self.call(lambda: self.coordinator.send(outputs))
 
+    def send_coordinator_raw(self, frames: list[bytes]) -> None:
+        self.call(lambda: self.coordinator.send_raw(frames))
+
+    def coordinator_upstream(self, frame: bytes) -> None:
+        self.call(lambda: self.coordinator.send_upstream(frame))
+
+    def coordinator_resubscribe(self) -> None:
+        self.call(self.coordinator.subscribe)
+
     # ------------------------------------------------------------------ thread
 
     def _wake(self) -> None:
@@ -272,8 +281,9 @@ class EngineRunner:
         if self._stop:
             return
         payload = self.core.ready_payload()
-        for sock in self._inputs:
-            sock.send(payload)
+        for _ in range(self.core.script.ready_repeats):
+            for sock in self._inputs:
+                sock.send(payload)
         self.registered_at = time.monotonic()
         self.core.record_ready(self.registered_at, payload)
         self.registered.set()

@@ -204,6 +204,9 @@ class EngineScript:
     ready_delay: float = 0.0
     # Register under another rank's identity (unexpected or duplicate engine ids).
     register_as: int | None = None
+    # Send the ready frame this many times back to back (a registration repeated on one
+    # connection; a second connection with the same identity is dropped by the ROUTER).
+    ready_repeats: int = 1
     # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
     handshake_ready: bool = True
     # Handshake mode: False never connects to the handshake socket at all (no HELLO, not
@@ -214,6 +217,9 @@ class EngineScript:
     hello_payload: bytes | None = None
     hello_repeats: int = 1
     ready_before_hello: bool = False
+    # Handshake mode with a frontend-owned coordinator: seconds between connecting to the
+    # coordinator and sending the subscription (a slow engine; the READY gate must wait).
+    coordinator_subscribe_delay: float = 0.0
     # Handshake READY's `parallel_config_hash` (a real engine's is its config's hash; a MoE
     # frontend checks it, utils.py:1565-1580): set by drivers that know the frontend's config.
     parallel_config_hash: str | None = None
@@ -231,6 +237,8 @@ class EngineScript:
     # Load from elsewhere (other clients' requests) as (waiting, running): added to what the
     # coordinator publishes for this engine and to its scheduler_stats (log_stats).
     reported_load: tuple[int, int] = (0, 0)
+    # True: reported_load appears only in scheduler_stats, never in the coordinator's counts.
+    load_in_stats_only: bool = False
     # Load-generator mode (benchmarks, mock_engines/loadgen.py): every request streams
     # max_tokens one-token outputs, all running requests batched in one message per step;
     # `rules` and `default` are not consulted.

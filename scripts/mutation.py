@@ -5,6 +5,7 @@
                                  today's suite (mutmut's cache keeps every other verdict)
     scripts/mutation.py report   docs/mutation.md from the results in mutants/
     scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
+    scripts/mutation.py watchdog the wall-clock bound alone, beside a run started elsewhere
 
 mutmut (config: [tool.mutmut] in pyproject.toml) copies the project into mutants/, runs the
 suite once against `--frontend reference` to learn which case calls which function, then
@@ -20,8 +21,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -44,6 +47,12 @@ EQUIVALENT = ROOT / "fixtures" / "mutation" / "equivalent.json"
 REPORT = ROOT / "docs" / "mutation.md"
 RUN_INFO = ROOT / "mutants" / "corewire-run.json"
 SAMPLE_SIZE = 16
+# mutmut bounds each mutant's CPU time only (SIGXCPU). A mutant that blocks idle -- e.g. a
+# frontend left unclosed whose zmq context, collected later, waits forever in term() --
+# would hold its child for good and the run would never end. The watchdog gives every
+# child the same kind of bound in wall-clock time and ends it with SIGXCPU, which mutmut
+# counts as a timeout (detected), exactly as for a CPU-bound hang.
+WALL_BOUND_S = 600.0
 KILLED = {1, 3}  # pytest: tests failed / internal error (mutmut counts both as a kill)
 TIMEOUT = {24, -24, 36, 152, 255}
 NO_TESTS = {5, 33}
@@ -114,23 +123,75 @@ def _natural(item: tuple[str, Any]) -> tuple[str, int]:
 
 
 def load_equivalent() -> dict[str, str]:
-    """key -> why the mutant cannot be told apart from the reference by any client."""
+    """key -> why the mutant cannot be told apart from the reference by any client (or,
+    for a conformant variant, why the contract allows what a client can tell apart)."""
     entries: list[dict[str, Any]] = json.loads(EQUIVALENT.read_text())["equivalent"]
     return {"\n".join([e["function"], *e["change"]]): e["reason"] for e in entries}
+
+
+def load_conformant() -> set[str]:
+    """Keys of the judgements that are conformant variants, not strict equivalents."""
+    entries: list[dict[str, Any]] = json.loads(EQUIVALENT.read_text())["equivalent"]
+    return {"\n".join([e["function"], *e["change"]]) for e in entries
+            if e.get("kind") == "conformant"}
+
+
+def _mutant_children() -> dict[int, float]:
+    """pid -> start time (seconds since boot) of every live mutmut child on this machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes().startswith(b"mutmut: "):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        found[int(entry.name)] = int(fields[19]) / ticks  # field 22: starttime
+    return found
+
+
+def watchdog(stop: threading.Event, bound: float = WALL_BOUND_S) -> list[int]:
+    """SIGXCPU to every mutmut child older than `bound` wall-clock seconds, until `stop`."""
+    stopped: list[int] = []
+    while not stop.wait(5.0):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        for pid, started in _mutant_children().items():
+            if uptime - started > bound and pid not in stopped:
+                try:
+                    os.kill(pid, signal.SIGXCPU)
+                except ProcessLookupError:
+                    continue
+                stopped.append(pid)
+                print(f"watchdog: mutant child {pid} over {bound:.0f} s wall clock: SIGXCPU",
+                      file=sys.stderr)
+    return stopped
 
 
 def _mutmut(children: int, names: list[str]) -> tuple[int, dict[str, Any]]:
     """One timed `mutmut run` (all mutants, or only `names`); what the report says of it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_HOST_IP="127.0.0.1")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                           str(children), *names], cwd=ROOT, env=env)
+    stop = threading.Event()
+    stopped: list[int] = []
+    guard = threading.Thread(target=lambda: stopped.extend(watchdog(stop)), daemon=True)
+    guard.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                               str(children), *names], cwd=ROOT, env=env)
+    finally:
+        stop.set()
+        guard.join(10.0)
     seconds = time.monotonic() - started
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     print(f"mutmut run: {seconds:.0f}s, exit {proc.returncode}")
     return proc.returncode, {"seconds": round(seconds), "children": children,
                              "cpus": os.cpu_count(), "commit": commit,
+                             "wall_bound_stops": len(stopped),
                              "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -176,9 +237,12 @@ def cmd_report() -> int:
     unchecked = [r for r in results if r.status == "not checked"]  # a stopped run
     survivors = [r for r in results if r.status not in ("killed", "timeout", "not checked")]
     judged_equivalent = [r for r in survivors if r.key in equivalent]
+    conformant = load_conformant()
+    variants = [r for r in judged_equivalent if r.key in conformant]
     detected = counts["killed"] + counts["timeout"]
     scored = len(results) - len(unchecked) - len(judged_equivalent)
     score = 100.0 * detected / scored if scored else 0.0
+    strict = 100.0 * detected / (scored + len(variants)) if scored + len(variants) else 0.0
     stale = sorted(set(equivalent) - {r.key for r in results})
     lines = [
         "# Mutation testing of the reference frontend",
@@ -190,8 +254,13 @@ def cmd_report() -> int:
         "",
         f"**Score: {score:.1f} %** of non-equivalent mutants killed "
         f"({detected} of {scored}; {len(results)} mutants, {len(judged_equivalent)} judged "
-        "equivalent" + (f", {len(unchecked)} not checked: the run was stopped before "
-                        "them" if unchecked else "") + ").",
+        f"equivalent, {len(variants)} of them conformant variants"
+        + (f", {len(unchecked)} not checked: the run was stopped before "
+           "them" if unchecked else "") + ").",
+        "",
+        f"Strict score, counting the {len(variants)} conformant variants (a client can tell "
+        "them apart; the contract allows both) as survivors: "
+        f"**{strict:.1f} %** ({detected} of {scored + len(variants)}).",
         "",
         "| status | mutants |", "|---|---|",
         *(f"| {status} | {n} |" for status, n in sorted(counts.items())),
@@ -211,10 +280,13 @@ def cmd_report() -> int:
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
-              "reference; the reason says why) or **not killed yet** (a case is missing).",
+              "reference; the reason says why), a **conformant variant** (a client can tell "
+              "it apart, but the contract allows both: an id format, an error's wording, a "
+              "tie-break) or **not killed yet** (a case is missing).",
               ""]
     for r in survivors:
-        verdict = (f"equivalent: {equivalent[r.key]}" if r.key in equivalent
+        verdict = (f"conformant variant: {equivalent[r.key]}" if r.key in conformant
+                   else f"equivalent: {equivalent[r.key]}" if r.key in equivalent
                    else f"**not killed yet** ({r.status})")
         lines += [f"### `{r.name.rpartition('.')[2]}` ({r.path})", "", verdict, "",
                   "```diff", *r.diff.splitlines()[2:], "```", ""]
@@ -224,8 +296,8 @@ def cmd_report() -> int:
         lines += [f"- `{key.splitlines()[0]}`: {' / '.join(key.splitlines()[1:])}"
                   for key in stale]
     REPORT.write_text("\n".join(lines).rstrip() + "\n")
-    print(f"score {score:.1f} % ({detected}/{scored}); {len(survivors)} survivors, "
-          f"{len(judged_equivalent)} equivalent -> {REPORT}")
+    print(f"score {score:.1f} % ({detected}/{scored}; strict {strict:.1f} %); "
+          f"{len(survivors)} survivors, {len(judged_equivalent)} equivalent -> {REPORT}")
     return 0
 
 
@@ -308,7 +380,7 @@ def cmd_sample() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "recheck", "report", "sample"])
+    parser.add_argument("command", choices=["run", "recheck", "report", "sample", "watchdog"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
     args = parser.parse_args()
@@ -316,6 +388,10 @@ def main() -> int:
         return cmd_run(args.children)
     if args.command == "recheck":
         return cmd_recheck(args.children)
+    if args.command == "watchdog":  # for a run started without this script's guard
+        stopped = watchdog(threading.Event())
+        print(f"watchdog: {len(stopped)} children stopped")
+        return 0
     return cmd_report() if args.command == "report" else cmd_sample()
 
 

@@ -56,22 +56,33 @@ def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
                             command_timeout=timeout, env={"COREWIRE_DRIVER_FAULT": fault})
 
 
-@pytest.mark.parametrize(("fault", "verdict", "evidence"), [
-    ("exit_at_start", Verdict.ERROR, "injected exit at start"),
-    ("crash_on:generate", Verdict.ERROR, "injected crash on generate"),
-    ("crash_on:is_sleeping", Verdict.ERROR, "injected crash on is_sleeping"),
-    ("hang_on:is_sleeping", Verdict.TIMEOUT, "injected hang on is_sleeping"),
-    ("garbage_on:reset_prefix_cache", Verdict.ERROR, "broke the protocol"),
-    ("stray_text_on:generate", Verdict.ERROR, "broke the protocol"),
-    ("huge_line_on:generate", Verdict.ERROR, "a stdout line over 1 MiB"),
+@pytest.mark.parametrize(("fault", "verdict", "cause", "log"), [
+    ("exit_at_start", Verdict.ERROR, "driver exited (code 4)", "injected exit at start"),
+    ("crash_on:generate", Verdict.ERROR, "driver exited (code 3) with no reply to `generate` "
+     "(id 3)", "injected crash on generate"),
+    ("crash_on:is_sleeping", Verdict.ERROR, "driver exited (code 3) with no reply to "
+     "`is_sleeping` (id 4)", "injected crash on is_sleeping"),
+    ("hang_on:is_sleeping", Verdict.TIMEOUT, "driver: no reply to `is_sleeping` (id 4) within "
+     "1.5 s", "injected hang on is_sleeping"),
+    ("garbage_on:reset_prefix_cache", Verdict.ERROR,
+     "driver broke the protocol: not JSON: b'\\x00\\xffnot json at all\\n'", ""),
+    ("stray_text_on:generate", Verdict.ERROR,
+     "driver broke the protocol: not JSON: b'some library printed this to stdout\\n'", ""),
+    ("huge_line_on:generate", Verdict.ERROR, "a stdout line over 1 MiB", ""),
+    # Mid-stream, the case sees its stream end in error: still the driver's fault (ERROR),
+    # never graded as the frontend's behaviour (it used to be FAIL).
+    ("stray_mid_stream", Verdict.ERROR,
+     "driver broke the protocol: not JSON: b'INFO loaded 3 adapters\\n'",
+     "injected stray stdout line mid-stream"),
+    ("wrong_id_on:is_sleeping", Verdict.ERROR, "reply to unknown command id 1004", ""),
 ])
-def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict,
-                                                 evidence: str) -> None:
+def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, cause: str,
+                                                 log: str) -> None:
     before = snapshot()
     result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5)))
     assert result.verdict is verdict, result.message
-    text = result.message + "\n".join(result.evidence.notes)
-    assert evidence in text, text
+    assert cause in result.message, result.message
+    assert log in "\n".join(result.evidence.notes), result.evidence.notes
     assert leaks_since(before) == []
 
 
@@ -151,6 +162,110 @@ def test_children_left_by_a_driver_program_are_reaped() -> None:
     tag = f"corewire-grandchild-{uuid.uuid4().hex[:8]}"
     result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}")))
     assert result.verdict is Verdict.PASS, result.message
-    assert any("left processes in its group" in n for n in result.evidence.notes)
+    assert any("driver left 1 process(es) behind" in n for n in result.evidence.notes)
     alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
     assert alive.strip() == "", f"grandchild still running: {alive}"
+
+
+def test_a_grandchild_that_called_setsid_is_found_and_reaped() -> None:
+    """A daemon that double-forked into its own session is outside the program's process
+    group and, orphaned, outside its parent chain: teardown still finds it (by the
+    program's environment token), ends it and says so."""
+    import subprocess
+    import uuid
+
+    tag = f"corewire-daemon-{uuid.uuid4().hex[:8]}"
+    before = snapshot()
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"setsid_grandchild:{tag}")))
+    assert result.verdict is Verdict.PASS, result.message
+    assert any("had left its session" in n for n in result.evidence.notes), \
+        result.evidence.notes
+    alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+    assert alive.strip() == "", f"daemon still running: {alive}"
+    assert leaks_since(before) == []
+
+
+def test_the_leak_check_sees_descendants_that_left_the_session() -> None:
+    """The session-end leak check covers every descendant, not only direct children: a
+    grandchild that called setsid() and was orphaned is reported."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from harness import process_tree
+
+    tag = f"corewire-orphan-{uuid.uuid4().hex[:8]}"
+    before = snapshot()
+    subprocess.run([sys.executable, "-c", "import os, sys, time\nos.setsid()\n"
+                    "if os.fork() == 0:\n    sys.stdout.close(); time.sleep(60)  # " + tag +
+                    "\nos._exit(0)"], check=True, timeout=30)
+    try:
+        deadline = time.monotonic() + 5
+        while not leaks_since(before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        leaks = leaks_since(before)
+        assert any("child processes still running" in p for p in leaks), leaks
+    finally:
+        table = process_tree.process_table()
+        orphans = process_tree.marked(process_tree.OWNER_VAR, process_tree.owner_token(),
+                                      table) - before.children
+        asyncio.run(process_tree.end_all([table[p] for p in orphans], 2.0))
+    assert leaks_since(before) == []
+
+
+def test_a_stderr_flood_is_capped_to_head_and_tail() -> None:
+    """40 MB of stderr: the harness keeps the first and last 64 KiB (nothing on disk), and
+    the verdict shows the head, how much was elided, and the tail with the crash."""
+    driver = _faulty("flood_stderr:40,crash_on:generate")
+    result = asyncio.run(run_case(SPEC, smoke, driver))
+    assert isinstance(driver, SubprocessDriver)
+    assert result.verdict is Verdict.ERROR, result.message
+    log = next(n for n in result.evidence.notes if n.startswith("frontend log tail:"))
+    assert "bytes elided (stderr was 4" in log and "injected crash on generate" in log, log
+    assert driver._stderr.total > 39 << 20 and driver._stderr.kept <= 128 << 10
+
+
+def test_stderr_capture_keeps_the_head_and_the_tail() -> None:
+    from harness.frontends.stderr_capture import StderrCapture
+
+    capture = StderrCapture(head_bytes=100, tail_bytes=100)
+    for i in range(1000):
+        capture.feed(f"line {i:04}\n".encode())
+    text = capture.text()
+    assert capture.kept == 200 and capture.elided == capture.total - 200
+    assert text.startswith("line 0000\n") and text.endswith("line 0999")
+    assert f"[... {capture.total - 200} bytes elided" in text
+    small = StderrCapture()
+    small.feed(b"only line\n")
+    assert small.text() == "only line"
+
+
+def test_stuck_drivers_add_up_to_one_run_level_warning() -> None:
+    from harness.frontends.subprocess_driver import stuck_driver_warning
+
+    notes = {"a[x]": ["teardown: driver ignored `shutdown` and SIGTERM; killed (SIGKILL) "
+                      "after 7.0 s"],
+             "b[x]": ["teardown: driver did not exit on `shutdown`; ended by SIGTERM after "
+                      "5.5 s", "unrelated"],
+             "c[x]": ["teardown: driver left 1 process(es) behind (pids [9]): 1 ended by "
+                      "SIGTERM, 0 by SIGKILL in 0.1 s"]}
+    warning = stuck_driver_warning(notes)
+    assert warning is not None and "2 case(s)" in warning and "12.5 s lost" in warning
+    assert stuck_driver_warning({"c[x]": notes["c[x]"]}) is None
+
+
+def test_leftovers_that_respawn_on_sigterm_are_ended_too() -> None:
+    """Teardown scans again after ending what it found: a child that answers SIGTERM by
+    starting a new daemon (own session) does not leave that daemon running."""
+    import subprocess
+    import uuid
+
+    tag = f"corewire-respawn-{uuid.uuid4().hex[:8]}"
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"respawning_grandchild:{tag}")))
+    assert result.verdict is Verdict.PASS, result.message
+    note = next((n for n in result.evidence.notes if "driver left" in n), "")
+    assert "driver left 2 process(es) behind" in note and "had left its session" in note, \
+        result.evidence.notes
+    alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+    assert alive.strip() == "", f"respawned daemon still running: {alive}"

@@ -180,3 +180,81 @@ def test_diff_reports_transitions(tmp_path: Path) -> None:
                            str(tmp_path / "old.json"), str(tmp_path / "new.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout
+
+
+def test_k_never_matches_the_frontend_name() -> None:
+    """`--frontend mutant:duplicate_abort` used to make every item match `-k abort`."""
+    frontend = "mutant:duplicate_abort"
+    items = _collected("-k", "abort", "--frontend", frontend)
+    assert items and all("abort" in item.split("[", 1)[0] for item in items), items[:5]
+    reference = _collected("-k", "abort")
+    assert len(items) == len(reference)
+    assert _collected("-k", "not abort", "--frontend", frontend)  # the rest stays selectable
+    single = _collected("-k", "abort.drop.single[mutant:duplicate_abort]", "--frontend", frontend)
+    assert single == [f"abort.drop.single[{frontend}]"]
+
+
+def test_component_cases_only_when_asked_for() -> None:
+    def labels(*selection: str) -> set[str]:
+        return {item.split("[", 1)[1] for item in _collected(*selection)}
+
+    for selection in ((), ("--frontend", "vllm-rs"), ("-m", "dp")):
+        assert not any(lab.startswith(("kv:", "ec:")) for lab in labels(*selection)), selection
+    assert labels("-m", "components") == {"kv:reference]", "ec:reference]"}
+    kv_only = _collected("--frontend", "kv:reference")
+    assert kv_only and all(item.startswith("components.kv_failure.") for item in kv_only)
+    # a path into conformance/components asks for them (beside the whole suite here)
+    assert {"kv:reference]", "ec:reference]"} <= labels(str(ROOT / "conformance" /
+                                                           "components"))
+
+
+def test_a_filtered_run_leaves_only_its_own_reports(tmp_path: Path) -> None:
+    """A second run with `-k` (no --junitxml) used to leave the first run's junit.xml and
+    transcripts beside its own results.json."""
+    assert run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY).returncode == 1
+    assert (tmp_path / "junit.xml").exists() and list((tmp_path / "transcripts").iterdir())
+    (tmp_path / "mine.txt").write_text("not ours")
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q",
+                           "-p", "no:cacheprovider", "--report-dir", str(tmp_path),
+                           "-k", "abort.drop.single"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert {r["id"] for r in results_of(tmp_path)} == {"abort.drop.single"}
+    assert not (tmp_path / "junit.xml").exists()
+    assert not list((tmp_path / "transcripts").iterdir())
+    assert (tmp_path / "mine.txt").exists()  # only our own files are cleared
+    assert "dp.is_sleeping" not in (tmp_path / "report.html").read_text()
+
+
+def test_terminal_and_junit_output_of_a_failing_mutant(tmp_path: Path) -> None:
+    """One line per non-PASS verdict and a pointer to the reports (it used to be pages of
+    hex); JUnit system-out capped, with paths relative to the report dir."""
+    from harness.report.evidence import SYSTEM_OUT_CAP
+
+    proc = run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY)
+    assert proc.returncode == 1
+    non_pass = [(r["id"], r["frontend"]) for r in results_of(tmp_path)
+                if r["verdict"] != "PASS"]
+    assert len(non_pass) == 3
+    for case, frontend in non_pass:
+        lines = [ln for ln in proc.stdout.splitlines() if f"{case}[{frontend}]" in ln]
+        assert len(lines) == 1, lines
+    assert "reports: " in proc.stdout and "results.json" in proc.stdout
+    assert "transcript (" not in proc.stdout and '"hex"' not in proc.stdout
+    assert len(proc.stdout) < 3000, proc.stdout
+    xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    outs = [case.system_out or "" for suite in xml for case in suite]
+    assert any("full: transcripts/dp.is_sleeping.disagree[" in out for out in outs)
+    for out in outs:
+        assert len(out) <= SYSTEM_OUT_CAP + 200
+        assert str(tmp_path) not in out and str(ROOT) not in out
+
+
+def test_evidence_cap_keeps_head_and_tail() -> None:
+    from harness.report.evidence import cap
+
+    text = "HEAD" + "x" * 50_000 + "TAIL"
+    capped = cap(text, 8192)
+    assert len(capped) == 8192
+    assert capped.startswith("HEAD") and capped.endswith("TAIL") and "characters cut" in capped
+    assert cap("short", 8192) == "short"

@@ -72,6 +72,16 @@ class UnsupportedOperation(FrontendError):
     """The driver cannot perform this operation; cases turn it into UNSUPPORTED."""
 
 
+class DriverFault(Exception):
+    """The driver itself failed (a crashed program, a broken protocol), not the frontend
+    behind it: graded ERROR whatever the case was checking."""
+
+
+class CommandTimeout(TimeoutError):
+    """A driver program left one command unanswered past its bound (graded TIMEOUT); the
+    message names the command and its id."""
+
+
 def check_generate_options(driver: str, request_id: str | None,
                            params: Mapping[str, Any] | None, *, request_ids: bool,
                            pass_through: Sequence[str]) -> None:
@@ -242,6 +252,15 @@ class FrontendDriver(abc.ABC):
 
     def teardown_notes(self) -> list[str]:
         """What shutdown had to clean up after the frontend (reported on the case)."""
+        return []
+
+    def fault(self) -> str | None:
+        """A fault of the driver itself seen so far (a crashed program, a stray stdout line):
+        it makes the case ERROR whatever the case concluded from what it saw."""
+        return None
+
+    def unanswered(self) -> list[str]:
+        """Commands the driver was still waiting on when the case gave up (for TIMEOUT)."""
         return []
 
     def diagnostics(self) -> str:

@@ -3,9 +3,17 @@
 Run as `python -m harness.frontends.driver_main`. It proves the protocol end to end and is
 the template for ports: read commands from stdin, answer on stdout, log to stderr.
 
-COREWIRE_DRIVER_FAULT injects misbehaviour for the harness's own fault tests:
-`exit_at_start`, `crash_on:CMD`, `hang_on:CMD`, `garbage_on:CMD`, `stray_text_on:CMD`,
-`huge_line_on:CMD` (a 2 MiB line), `grandchild:TAG` (leaves a child running),
+COREWIRE_DRIVER_FAULT (or the argument `--fault SPEC`, so that faults can differ between
+the frontends of one run) injects misbehaviour for the harness's own fault tests (several
+may be combined, separated by commas): `exit_at_start`, `crash_on:CMD`, `hang_on:CMD`,
+`garbage_on:CMD`, `stray_text_on:CMD`, `huge_line_on:CMD` (a 2 MiB line),
+`wrong_id_on:CMD` (the reply names another id), `truncated_json_on:CMD` (a reply cut off
+mid-object), `stray_mid_stream` (a non-JSON line right after a stream's first output event),
+`grandchild:TAG` (leaves a child running in its process group), `setsid_grandchild:TAG`
+(leaves a daemon that double-forked into its own session), `respawning_grandchild:TAG` (a child
+that, on SIGTERM, starts a new daemon before exiting), `ignore_shutdown` (never answers
+`shutdown`, ignores SIGTERM and the end of stdin), `flood_stderr:MB` (writes MB megabytes to
+stderr at start),
 `old_protocol` (a first-release program: none of the later capabilities, and a plain
 "unknown command" error for later commands),
 `plain_unknown:CMD` (every capability declared, but CMD answered with a plain "unknown
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -30,6 +39,13 @@ OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_ca
                     "num_gpu_blocks", "request_errors", "engine_death")
 
 
+def fault_argument(argv: list[str]) -> str:
+    """`--fault SPEC` from the command line ("" without one)."""
+    if "--fault" in argv[:-1]:
+        return argv[argv.index("--fault") + 1]
+    return ""
+
+
 def log(text: str) -> None:
     print(f"[driver_main] {text}", file=sys.stderr, flush=True)
 
@@ -38,18 +54,32 @@ class DriverProgram:
     def __init__(self) -> None:
         self.frontend: ReferenceFrontend | None = None
         self.streams: dict[str, StreamHandle] = {}
-        self.fault = os.environ.get("COREWIRE_DRIVER_FAULT", "")
+        self.fault = ",".join(filter(None, [os.environ.get("COREWIRE_DRIVER_FAULT", ""),
+                                            fault_argument(sys.argv[1:])]))
+        self.faults = [f for f in self.fault.split(",") if f]
+        self.strayed = False  # stray_mid_stream: the stray line is written once
         self.tasks: dict[Any, asyncio.Task[None]] = {}  # command id -> its handler task
 
     def emit(self, message: dict[str, Any]) -> None:
         sys.stdout.buffer.write(encode_line(message))
+        if ("stray_mid_stream" in self.faults and message.get("event") == "output"
+                and not self.strayed):
+            self.strayed = True
+            log("injected stray stdout line mid-stream")
+            sys.stdout.buffer.write(b"INFO loaded 3 adapters\n")
         sys.stdout.buffer.flush()
 
-    def _injected(self, cmd: str) -> bool:
+    def has(self, kind: str) -> list[str]:
+        """The targets of every injected fault of this kind (`kind:target`)."""
+        return [f.partition(":")[2] for f in self.faults if f.partition(":")[0] == kind]
+
+    def _injected(self, cmd: str, cid: Any) -> bool:
         """Apply an injected fault for `cmd`; True if the command must not be answered."""
-        kind, _, target = self.fault.partition(":")
-        if target != cmd:
-            return False
+        if cmd == "shutdown" and "ignore_shutdown" in self.faults:
+            log("injected: ignoring shutdown")
+            return True
+        kind = next((f.partition(":")[0] for f in self.faults if f.partition(":")[2] == cmd),
+                    None)
         if kind == "crash_on":
             log(f"injected crash on {cmd}")
             os._exit(3)
@@ -58,26 +88,27 @@ class DriverProgram:
             return True
         if kind == "garbage_on":
             sys.stdout.buffer.write(b"\x00\xffnot json at all\n")
-            sys.stdout.buffer.flush()
-            return True
-        if kind == "huge_line_on":  # a 2 MiB protocol line: over the 1 MiB limit
+        elif kind == "huge_line_on":  # a 2 MiB protocol line: over the 1 MiB limit
             sys.stdout.buffer.write(b'{"pad": "' + b"x" * (2 << 20) + b'"}\n')
-            sys.stdout.buffer.flush()
-            return True
-        if kind == "stray_text_on":
-            print("some library printed this to stdout", flush=True)
-            return True
-        return False
+        elif kind == "stray_text_on":
+            sys.stdout.buffer.write(b"some library printed this to stdout\n")
+        elif kind == "wrong_id_on":
+            sys.stdout.buffer.write(encode_line({"id": int(cid) + 1000, "ok": True}))
+        elif kind == "truncated_json_on":
+            sys.stdout.buffer.write(f'{{"id": {cid}, "ok": tr\n'.encode())
+        else:
+            return False
+        sys.stdout.buffer.flush()
+        return True
 
     def _plain_unknown(self, cmd: str) -> bool:
         """An older program's answer to a command it does not know (no `unsupported`)."""
-        kind, _, target = self.fault.partition(":")
-        return ((kind == "old_protocol" and cmd in ("utility", "cancel"))
-                or (kind == "plain_unknown" and target == cmd))
+        return (("old_protocol" in self.faults and cmd in ("utility", "cancel"))
+                or cmd in self.has("plain_unknown"))
 
     async def handle(self, msg: dict[str, Any]) -> None:
         cid, cmd = msg.get("id"), str(msg.get("cmd"))
-        if self._injected(cmd):
+        if self._injected(cmd, cid):
             return
         if self._plain_unknown(cmd):
             self.emit({"id": cid, "ok": False, "error": f"unknown command {cmd!r}"})
@@ -120,7 +151,7 @@ class DriverProgram:
         stats = msg.get("stats_address")
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
                                           stats_address=str(stats) if stats else None)
-        capabilities = (list(OLD_CAPABILITIES) if self.fault == "old_protocol"
+        capabilities = (list(OLD_CAPABILITIES) if "old_protocol" in self.faults
                         else sorted(c.value for c in ALL_CAPABILITIES))
         reply: dict[str, Any] = {"name": "reference (subprocess)", "inputs": [inputs],
                                  "outputs": [outputs], "capabilities": capabilities}
@@ -212,16 +243,58 @@ class DriverProgram:
             await self.frontend.close()
 
 
-async def main() -> int:
-    program = DriverProgram()
-    if program.fault == "exit_at_start":
-        log("injected exit at start")
-        return 4
-    kind, _, tag = program.fault.partition(":")
-    if kind == "grandchild":  # a child the program never reaps, in its process group
+def leave_children(program: DriverProgram) -> None:
+    """The injected children a sloppy program leaves behind (they inherit stdout/stderr)."""
+    for tag in program.has("grandchild"):  # in the program's process group
         child = subprocess.Popen([sys.executable, "-c",
                                   f"import time; time.sleep(300)  # {tag}"])
         log(f"injected grandchild pid {child.pid}")
+    for tag in program.has("setsid_grandchild"):  # a daemon: new session, orphaned at once
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import os, time\nos.setsid()\nif os.fork() == 0:\n"
+                                  "    print('ready', flush=True)\n"
+                                  f"    time.sleep(300)  # {tag}\nos._exit(0)"],
+                                 stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        child.stdout.readline()  # the daemon runs, in its own session
+        log("injected setsid grandchild")
+    for tag in program.has("respawning_grandchild"):  # on SIGTERM: a new daemon, then exit
+        child = subprocess.Popen([sys.executable, "-c", RESPAWNER.replace("TAG", tag)],
+                                 stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        child.stdout.readline()  # its SIGTERM handler is in place
+        log("injected respawning grandchild")
+
+
+RESPAWNER = """import signal, subprocess, sys, time
+def respawn(*_):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # TAG"],
+                     start_new_session=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def flood_stderr(megabytes: float) -> None:
+    line = b"[driver_main] flood " + b"." * 100 + b"\n"
+    for _ in range(int(megabytes * (1 << 20)) // len(line)):
+        sys.stderr.buffer.write(line)
+    sys.stderr.buffer.write(b"[driver_main] flood done\n")
+    sys.stderr.buffer.flush()
+
+
+async def main() -> int:
+    program = DriverProgram()
+    if "exit_at_start" in program.faults:
+        log("injected exit at start")
+        return 4
+    if "ignore_shutdown" in program.faults:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    leave_children(program)
+    for size in program.has("flood_stderr"):
+        flood_stderr(float(size))
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -230,6 +303,9 @@ async def main() -> int:
         while True:
             line = await reader.readline()
             if not line:
+                if "ignore_shutdown" in program.faults:
+                    log("injected: stdin closed, staying up anyway")
+                    await asyncio.sleep(3600)
                 log("stdin closed; exiting")
                 return 0
             message = decode_line(line)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.frontends.driver import DriverFault
+
 PROTOCOL = "corewire-driver/1"
 MAX_LINE = 1 << 20  # a line longer than this is a protocol violation
 
@@ -19,7 +21,7 @@ COMMANDS = ("init", "wait_ready", "generate", "drop", "abort", "is_sleeping",
 EVENTS = ("output", "finished")
 
 
-class DriverProtocolError(Exception):
+class DriverProtocolError(DriverFault):
     """The driver program broke the protocol (bad JSON, unknown reply id, stray text)."""
 
 

@@ -16,6 +16,9 @@ from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
 from harness.frontends import mutants_edges_b as eb
+from harness.frontends import mutants_edges_c as ec
+from harness.frontends import mutants_edges_d as ed
+from harness.frontends import mutants_edges_e as ee
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends.driver import StartupError, StreamHandle
@@ -678,6 +681,72 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "request", eb.ContinuationOfAnyLiveRequest),
     Mutant("ended_session_still_continuable", "a continuation of an ended session is sent",
            eb.EndedSessionStillContinuable),
+    # -- mutation survivors C (coordinator, DP) --
+    Mutant("coordinator_load_ignored", "stats-only messages on the coordinator path carry "
+           "no load to routing", ec.CoordinatorLoadIgnored),
+    Mutant("coordinator_waiting_ignored", "only running requests count as load on the "
+           "coordinator path", ec.CoordinatorWaitingIgnored),
+    Mutant("coordinator_miswiring_tolerated", "request outputs / utility replies / finished "
+           "ids on the coordinator path are dropped", ec.CoordinatorMiswiringTolerated),
+    Mutant("coordinator_error_without_cause", "a coordinator-path failure names neither "
+           "the engine nor what it sent", ec.CoordinatorErrorWithoutCause),
+    Mutant("coordinator_ready_one_early", "READY published one subscription early",
+           ec.CoordinatorReadyOneEarly),
+    Mutant("coordinator_late_subscription_ignored", "a re-subscribing engine gets no READY",
+           ec.CoordinatorLateSubscriptionIgnored),
+    Mutant("rank_refusal_unexplained", "an out-of-range data_parallel_rank is refused "
+           "without naming it", ec.RankRefusalUnexplained),
+    Mutant("dp_control_unexplained", "DP control on the main output path fails the client "
+           "with no cause", ec.DpControlUnexplained),
+    # -- mutation survivors D (outputs, requests) --
+    Mutant("add_without_eos", "ADDs carry no EOS token id", ed.AddWithoutEos),
+    Mutant("add_default_temperature", "ADDs carry temperature 1.0 for a greedy request",
+           ed.AddDefaultTemperature),
+    Mutant("add_without_external_id", "ADDs carry no external_req_id",
+           ed.AddWithoutExternalId),
+    Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",
+           ed.PinnedRankNotStamped),
+    Mutant("request_error_message_dropped", "an engine's RequestError message never "
+           "reaches the client", ed.RequestErrorMessageDropped),
+    Mutant("inflight_reset_when_one_ends", "an engine's in-flight count reset when one of "
+           "its requests ends", ed.InflightResetWhenOneEnds),
+    Mutant("abort_keeps_routing_slot", "explicitly aborted requests keep counting for "
+           "routing", ed.AbortKeepsRoutingSlot),
+    Mutant("stop_end_keeps_routing_slot", "requests ended at a stop string keep counting "
+           "for routing", ed.StopEndKeepsRoutingSlot),
+    Mutant("embeds_copied_into_extra_args", "prompt_embeds also copied into extra_args",
+           ed.EmbedsCopiedIntoExtraArgs),
+    Mutant("load_report_waiting_ignored", "waiting requests in load reports ignored",
+           ed.LoadReportWaitingIgnored),
+    Mutant("scheduler_stats_not_routed", "scheduler_stats never count for routing",
+           ed.SchedulerStatsNotRouted),
+    Mutant("aborts_batched_over_one_second", "dropped streams aborted after a 1 s "
+           "batching window", ed.AbortsBatchedOverOneSecond),
+    Mutant("held_text_lost_at_finish", "stop-string hold-back text dropped when the "
+           "engine ends the stream without a token", ed.HeldTextLostAtFinish),
+    Mutant("load_reports_only_rise", "load reports never lower an engine's load",
+           ed.LoadReportsOnlyRise),
+    # -- mutation survivors E (utility, handshake, sessions) --
+    Mutant("later_calls_refused_vaguely", "after engine death later calls are refused "
+           "without the cause", ee.LaterCallsRefusedVaguely),
+    Mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
+           "(an undecodable frame or a lost connection is not named)",
+           ee.DeathCauseNotRecorded),
+    Mutant("utility_failure_without_method", "a failed utility call's error does not name "
+           "the method", ee.UtilityFailureWithoutMethod),
+    Mutant("block_size_disagreement_unexplained", "a block_size disagreement is refused "
+           "without the values", ee.BlockSizeDisagreementUnexplained),
+    Mutant("registration_refusals_unnamed", "an unusable or repeated registration is "
+           "refused without naming the engine", ee.RegistrationRefusalsUnnamed),
+    Mutant("ready_bound_hard_coded", "registrations accepted only within a fixed 4.5 s, "
+           "not the configured startup bound", ee.ReadyBoundHardCoded),
+    Mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
+           "coordinator path are dropped; the client serves on",
+           ee.CoordinatorPathMisuseIgnored),
+    Mutant("waves_counted_from_one", "ADDs carry current_wave 1 before any coordinator "
+           "publication", ee.WavesCountedFromOne),
+    Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
+           "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ]}
 
 

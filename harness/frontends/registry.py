@@ -11,9 +11,9 @@ REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
-PREFIXES = ("subprocess:", "mutant:", "kv:", "vllm-rs@")
-USAGE = ("reference, reference-subprocess, vllm-rs, vllm-rs@X, vllm-py, subprocess:'CMD' or "
-         "mutant:NAME")
+PREFIXES = ("subprocess:", "mutant:", "kv:", "ec:", "vllm-rs@")
+USAGE = ("reference, reference-subprocess, vllm-rs, vllm-rs@X, vllm-py, subprocess:'CMD', "
+         "mutant:NAME, kv:NAME or ec:NAME")
 
 
 def check_spec(spec: str) -> None:

@@ -2,9 +2,11 @@
 
 The harness owns the engines; the driver program owns its frontend. Everything that can go
 wrong with a foreign process is bounded and reported, never hung on: a crash, an exit at
-start, a hang (per-command timeout), garbage or stray text on stdout. Each becomes a
-`DriverFault` (graded ERROR) or TimeoutError (graded TIMEOUT) carrying the stderr tail,
-and the process is always reaped.
+start, a hang (per-command timeout naming the command), garbage or stray text on stdout, a
+stderr flood (only head and tail kept), a program that ignores `shutdown` and SIGTERM, and
+processes it leaves behind (its whole session and every process carrying its token are
+ended and verified gone). Each fault becomes a `DriverFault` (graded ERROR) or a
+CommandTimeout (graded TIMEOUT), and the process is always reaped.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import asyncio
 import contextlib
 import itertools
 import os
-import signal
+import re
 import tempfile
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from harness import process_tree
 from harness.frontends.driver import (
     PASS_THROUGH_FIELDS,
     TENSOR_FIELDS,
     Capability,
+    CommandTimeout,
+    DriverFault,
     FrontendDriver,
     FrontendError,
     ObservedConfig,
@@ -39,19 +43,52 @@ from harness.frontends.driver_protocol import (
     decode_line,
     encode_line,
 )
+from harness.frontends.stderr_capture import StderrCapture
 from harness.timing import scaled
 
 if TYPE_CHECKING:
     from mock_engines.group import EngineGroup
 
-STDERR_TAIL_BYTES = 64 * 1024
-STDERR_TAIL_LINES = 40
 # Commands added after the first protocol release: an older driver program that answers
 # them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.
 ADDED_COMMANDS = ("utility", "cancel")
+# Teardown bounds (seconds, before the time-scale factor): the reply to `shutdown`, the exit
+# after it, the exit after SIGTERM, and SIGKILL's verification. At most 9 s in all.
+SHUTDOWN_REPLY_S = 3.0
+EXIT_GRACE_S = 2.0
+TERM_GRACE_S = 2.0
+KILL_VERIFY_S = 2.0
+# After the program exits, how long stdout may still deliver its last lines before the exit
+# itself is the fault (a child holding stdout open must not hide the exit).
+EXIT_DRAIN_S = 0.3
+# Leftovers are ended and the program's family scanned again this many times at most.
+LEFTOVER_ROUNDS = 3
+# The teardown note of a program that had to be terminated; the run summary adds up the
+# seconds (`stuck_seconds`).
+STUCK_NOTE = re.compile(r"driver (?:did not exit on `shutdown`|ignored|answered `shutdown` but)"
+                        r".*? after ([0-9.]+) s")
 
 
-class DriverFault(Exception):
+def stuck_seconds(note: str) -> float | None:
+    """The teardown time lost to a driver that would not stop, from its case note."""
+    found = STUCK_NOTE.search(note)
+    return float(found.group(1)) if found else None
+
+
+def stuck_driver_warning(notes_by_case: Mapping[str, Sequence[str]]) -> str | None:
+    """One run-level line: how many cases' drivers would not stop, and the time it cost."""
+    lost = {case: sum(v for v in map(stuck_seconds, notes) if v is not None)
+            for case, notes in notes_by_case.items()}
+    lost = {case: seconds for case, seconds in lost.items() if seconds}
+    if not lost:
+        return None
+    worst = ", ".join(sorted(lost, key=lambda c: -lost[c])[:3])
+    return (f"WARNING: {len(lost)} case(s) had a driver that would not stop when asked "
+            f"(ignored `shutdown` or SIGTERM): {sum(lost.values()):.1f} s lost in teardown "
+            f"(e.g. {worst}; see their teardown notes)")
+
+
+class DriverProgramFault(DriverFault):
     """The driver program crashed, exited, or broke the protocol (graded ERROR)."""
 
 
@@ -68,14 +105,16 @@ class SubprocessDriver(FrontendDriver):
         self.env = env
         self._proc: asyncio.subprocess.Process | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
-        self._stderr_path = ""
+        self._token = process_tree.new_token()
+        self._stderr = StderrCapture()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, tuple[str, float, asyncio.Future[dict[str, Any]]]] = {}
+        self._given_up: list[str] = []  # commands still unanswered when the case gave up
         self._streams: dict[str, StreamHandle] = {}
         self._stream_ids = itertools.count(1)
-        self._reader: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # stdout, stderr and exit watchers
         self._fault: DriverFault | None = None
-        self._stray: deque[str] = deque(maxlen=5)
+        self._closing = False  # teardown has begun (faults after it are the exit we asked for)
         self._abandoned: set[int] = set()  # command ids whose late replies are ignored
         self.leftovers: list[str] = []  # what teardown had to clean up after the program
 
@@ -84,13 +123,14 @@ class SubprocessDriver(FrontendDriver):
     async def _spawn(self) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="cw-drv-")
         os.chmod(self._workdir.name, 0o700)
-        self._stderr_path = os.path.join(self._workdir.name, "stderr.log")
-        with open(self._stderr_path, "wb") as err:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=err, env={**os.environ, **(self.env or {})}, limit=MAX_LINE + 2,
-                start_new_session=True)
-        self._reader = asyncio.create_task(self._read_stdout())
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, limit=MAX_LINE + 2, start_new_session=True,
+            env={**os.environ, **(self.env or {}), process_tree.TOKEN_VAR: self._token})
+        assert self._proc.stderr is not None
+        self._tasks = [asyncio.create_task(self._read_stdout()),
+                       asyncio.create_task(self._stderr.read_from(self._proc.stderr)),
+                       asyncio.create_task(self._watch_exit())]
 
     async def _read_stdout(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -103,45 +143,72 @@ class SubprocessDriver(FrontendDriver):
                                               f"the protocol's limit") from None
                 if not line:
                     code = await self._wait_exit(scaled(2.0))
-                    raise DriverFault(f"driver exited (code {code}) "
-                                      f"{self._pending_text()}")
+                    what = ("driver closed its stdout and kept running" if code is None
+                            else f"driver exited (code {code})")
+                    raise DriverProgramFault(f"{what} {self._pending_text()}".rstrip())
                 if not line.strip():
                     continue
                 self._dispatch(decode_line(line))
         except DriverProtocolError as exc:
-            self._set_fault(DriverFault(f"driver broke the protocol: {exc}"))
+            self._set_fault(DriverProgramFault(f"driver broke the protocol: {exc}"))
         except DriverFault as exc:
             self._set_fault(exc)
 
+    async def _watch_exit(self) -> None:
+        """The program's exit is a fault even while a child of it still holds stdout open
+        (no EOF would ever come): the last lines get EXIT_DRAIN_S to arrive first."""
+        assert self._proc is not None
+        while self._proc.returncode is None:
+            await asyncio.sleep(0.05)
+        code = self._proc.returncode
+        await asyncio.sleep(scaled(EXIT_DRAIN_S))
+        self._set_fault(DriverProgramFault(f"driver exited (code {code}) "
+                                    f"{self._pending_text()}".rstrip()))
+
     def _pending_text(self) -> str:
-        return f"with {len(self._pending)} command(s) pending" if self._pending else ""
+        if not self._pending:
+            return ""
+        names = ", ".join(f"`{cmd}` (id {cid})" for cid, (cmd, _, _) in self._pending.items())
+        return f"with no reply to {names}"
 
     async def _wait_exit(self, timeout: float) -> int | None:
+        """The exit code once the program has exited, None after `timeout`. Polled: on
+        Python 3.11 `Process.wait()` also waits for every pipe to close, which a child of
+        the program holding stdout or stderr open delays indefinitely."""
         assert self._proc is not None
-        with contextlib.suppress(asyncio.TimeoutError):
-            return await asyncio.wait_for(self._proc.wait(), timeout)
-        return None
+        deadline = time.monotonic() + timeout
+        while self._proc.returncode is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self._proc.returncode
 
     def _set_fault(self, fault: DriverFault) -> None:
-        if self._fault is None:
-            self._fault = DriverFault(f"{fault}\n--- driver stderr tail ---\n"
-                                      f"{self.diagnostics()}")
-        for future in self._pending.values():
+        if self._fault is None and not self._closing:  # after that: the exit we asked for
+            self._fault = fault
+        fault = self._fault or fault
+        for _, _, future in self._pending.values():
             if not future.done():
-                future.set_exception(self._fault)
+                future.set_exception(fault)
         for handle in self._streams.values():
             handle.finish("error", f"driver fault: {fault}")
 
+    def fault(self) -> str | None:
+        return None if self._fault is None else str(self._fault)
+
+    def unanswered(self) -> list[str]:
+        now = time.monotonic()
+        return self._given_up + [f"`{cmd}` (id {cid}, {now - sent:.1f} s)"
+                                 for cid, (cmd, sent, _) in self._pending.items()]
+
     def _dispatch(self, message: dict[str, Any]) -> None:
         if "id" in message:
-            future = self._pending.get(message["id"])
-            if future is None and message["id"] in self._abandoned:
+            pending = self._pending.get(message["id"])
+            if pending is None and message["id"] in self._abandoned:
                 self._abandoned.discard(message["id"])
                 return
-            if future is None:
+            if pending is None:
                 raise DriverProtocolError(f"reply to unknown command id {message['id']!r}")
-            if not future.done():
-                future.set_result(message)
+            if not pending[2].done():
+                pending[2].set_result(message)
             return
         handle = self._streams.get(str(message.get("stream")))
         if handle is None:
@@ -167,7 +234,8 @@ class SubprocessDriver(FrontendDriver):
         assert self._proc is not None and self._proc.stdin is not None
         cid = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[cid] = future
+        sent = time.monotonic()
+        self._pending[cid] = (cmd, sent, future)
         try:
             self._proc.stdin.write(encode_line({"id": cid, "cmd": cmd, **args}))
             try:
@@ -176,19 +244,22 @@ class SubprocessDriver(FrontendDriver):
                 await asyncio.sleep(0.05)  # let the reader report the exit with its code
                 if self._fault is not None:
                     raise self._fault from None
-                raise DriverFault(f"driver stdin closed during {cmd!r}") from None
+                raise DriverProgramFault(f"driver stdin closed during `{cmd}` (id {cid})") from None
             bound = self.command_timeout if timeout is None else timeout
             try:
                 reply = await asyncio.wait_for(asyncio.shield(future), bound)
             except asyncio.CancelledError:
                 self._abandoned.add(cid)
+                if not future.done():
+                    self._given_up.append(f"`{cmd}` (id {cid}, "
+                                          f"{time.monotonic() - sent:.1f} s)")
                 if cmd == "utility" and Capability.CANCEL_UTILITY in self.capabilities:
                     self._send_and_forget("cancel", target=cid)
                 raise
             except asyncio.TimeoutError:
-                raise TimeoutError(f"driver gave no reply to {cmd!r} within {bound:.1f}s\n"
-                                   f"--- driver stderr tail ---\n{self.diagnostics()}"
-                                   ) from None
+                self._abandoned.add(cid)
+                raise CommandTimeout(f"no reply to `{cmd}` (id {cid}) within {bound:.1f} s"
+                                     ) from None
         finally:
             self._pending.pop(cid, None)
         if reply.get("ok"):
@@ -321,61 +392,104 @@ class SubprocessDriver(FrontendDriver):
                               value.get("num_gpu_blocks"))
 
     async def shutdown(self) -> None:
-        """Ask politely, then terminate, then kill; always reap; idempotent."""
+        """Ask politely, then terminate, then kill; then end whatever the program left
+        (its session, its token's carriers, their descendants) and verify none is left.
+        Bounded (SHUTDOWN_REPLY_S + EXIT_GRACE_S + TERM_GRACE_S + KILL_VERIFY_S for the
+        program, 2 x TERM_GRACE_S for what it left) and idempotent; every step beyond the
+        polite one is a teardown note on the case."""
         proc = self._proc
-        if proc is not None and proc.returncode is None:
-            if self._fault is None:
-                with contextlib.suppress(Exception):
-                    await self._command("shutdown", timeout=scaled(3.0))
-            if await self._wait_exit(scaled(2.0)) is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                if await self._wait_exit(scaled(2.0)) is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
-        if proc is not None:
-            await self._reap_group(proc.pid)
-        if self._reader is not None:
-            self._reader.cancel()
+        if proc is not None and not self._closing:
+            self._closing = True
+            # Taken while the program still runs: the parent chain finds a child that left
+            # the session and scrubbed its environment, as long as the program is its parent.
+            seen = process_tree.family(proc.pid, self._token)
+            if proc.returncode is None:
+                await self._stop_program(proc)
+            await self._end_leftovers(proc.pid, seen)
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
-        if proc is not None and proc.stdin is not None:
-            proc.stdin.close()
+                await task
+        self._tasks = []
+        if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:  # pipes a leftover child held open: close our ends
+                transport.close()
         if self._workdir is not None:
-            self._tail_cache = self.diagnostics()
             self._workdir.cleanup()
             self._workdir = None
 
-    _tail_cache = ""
+    async def _stop_program(self, proc: asyncio.subprocess.Process) -> None:
+        """`shutdown` (unless the program is already faulty), SIGTERM, SIGKILL; a program
+        that needed more than the polite step is noted with the seconds it cost."""
+        started = time.monotonic()
+        asked = answered = False
+        if self._fault is None:
+            asked = True
+            with contextlib.suppress(Exception):
+                await self._command("shutdown", timeout=scaled(SHUTDOWN_REPLY_S))
+                answered = True
+            if await self._wait_exit(scaled(EXIT_GRACE_S)) is not None:
+                return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        if await self._wait_exit(scaled(TERM_GRACE_S)) is not None:
+            if asked:
+                what = ("answered `shutdown` but did not exit" if answered
+                        else "did not exit on `shutdown`")
+                self.leftovers.append(f"driver {what}; ended by SIGTERM after "
+                                      f"{time.monotonic() - started:.1f} s")
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        code = await self._wait_exit(scaled(KILL_VERIFY_S))
+        what = ("answered `shutdown` but ignored it and SIGTERM" if answered
+                else "ignored `shutdown` and SIGTERM" if asked
+                else "ignored SIGTERM (sent after its fault)")
+        self.leftovers.append(f"driver {what}; killed (SIGKILL) after "
+                              f"{time.monotonic() - started:.1f} s"
+                              + ("" if code is not None else "; STILL RUNNING"))
+
+    async def _end_leftovers(self, pid: int, seen: dict[int, process_tree.ProcessInfo]
+                             ) -> None:
+        """Processes the program left (its children in its group, daemons that called
+        setsid(), their children): SIGTERM, SIGKILL, then a fresh scan verifies that none
+        is left (one that spawned more while dying gets LEFTOVER_ROUNDS tries); noted on
+        the case."""
+        ended: list[int] = []
+        outside: list[int] = []
+        survivors: list[int] = []
+        killed = 0
+        seconds = 0.0
+        left = {p: info for p, info in {**seen, **process_tree.family(pid, self._token)
+                                        }.items() if p != pid}
+        for _ in range(LEFTOVER_ROUNDS):
+            if not left:
+                break
+            ending = await process_tree.end_all(left.values(), scaled(TERM_GRACE_S))
+            found = ending.terminated + ending.killed + ending.survivors
+            ended += found
+            outside += [p for p in found if left[p].sid != pid]
+            killed += len(ending.killed)
+            survivors += ending.survivors
+            seconds += ending.seconds
+            left = {p: info for p, info in process_tree.family(pid, self._token).items()
+                    if p != pid and p not in ended}
+        if left:
+            survivors += sorted(left)
+        if not ended and not survivors:
+            return  # everything had already gone with the program
+        self.leftovers.append(
+            f"driver left {len(ended)} process(es) behind (pids {sorted(ended)}"
+            + (f"; {sorted(outside)} had left its session" if outside else "")
+            + f"): {len(ended) - killed - len(survivors)} ended by SIGTERM, {killed} by "
+            f"SIGKILL in {seconds:.1f} s"
+            + (f"; STILL RUNNING: {sorted(set(survivors))}" if survivors else ""))
 
     def teardown_notes(self) -> list[str]:
         return list(self.leftovers)
 
-    async def _reap_group(self, pgid: int) -> None:
-        """The program runs in its own session, so its process group id is its pid: anything
-        it left in that group (children it never reaped) is terminated, then killed."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                return  # the group is empty
-            if sig == signal.SIGTERM:
-                self.leftovers.append(f"driver left processes in its group {pgid}; "
-                                      f"terminated them")
-            deadline = time.monotonic() + scaled(2.0)
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(pgid, 0)
-                except (ProcessLookupError, PermissionError):
-                    return
-                await asyncio.sleep(0.02)
-
     def diagnostics(self) -> str:
-        if not self._stderr_path or not os.path.exists(self._stderr_path):
-            return self._tail_cache
-        with open(self._stderr_path, "rb") as fh:  # only the tail: a driver may flood it
-            fh.seek(max(0, os.path.getsize(self._stderr_path) - STDERR_TAIL_BYTES))
-            lines = fh.read().decode(errors="replace").splitlines()
-        return "\n".join(lines[-STDERR_TAIL_LINES:])
+        return self._stderr.text()

@@ -56,6 +56,9 @@ def render_html(doc: dict[str, Any]) -> str:
            "<h1>corewire conformance report</h1>",
            f"<p>protocol profile {_esc(meta['protocol_profile'])} (vLLM "
            f"{_esc(meta['vllm_version'])}), generated {_esc(meta['generated'])}</p>",
+           *([f"<p id='partial'><b>PARTIAL</b>: {_esc(meta.get('partial_reason', ''))}; only "
+              f"the {len(results)} cases that finished are shown</p>"]
+             if meta.get("partial") else []),
            "<p id='summary'>" + " ".join(
                f"<span class='v' style='background:{COLORS[v]};padding:2px 6px'>"
                f"{_esc(v)} {n}</span>" for v, n in sorted(counts.items())) + "</p>",

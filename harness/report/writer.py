@@ -25,17 +25,24 @@ def run_metadata(profile: ProtocolProfile | None = None) -> dict[str, Any]:
     }
 
 
-def results_document(results: list[CaseResult],
-                     profile: ProtocolProfile | None = None) -> dict[str, Any]:
+def results_document(results: list[CaseResult], profile: ProtocolProfile | None = None,
+                     partial: str | None = None) -> dict[str, Any]:
+    """`partial`: why the run stopped early (e.g. "interrupted by SIGINT"); the document
+    then holds only the cases that finished, and says so (meta.partial)."""
     ordered = sorted(results, key=lambda r: (r.case_id, r.frontend))
-    return {"meta": run_metadata(profile), "results": [r.to_json() for r in ordered]}
+    meta = run_metadata(profile)
+    meta["partial"] = partial is not None
+    if partial is not None:
+        meta["partial_reason"] = partial
+    return {"meta": meta, "results": [r.to_json() for r in ordered]}
 
 
 def write_reports(results: list[CaseResult], report_dir: str,
-                  profile: ProtocolProfile | None = None) -> dict[str, str]:
+                  profile: ProtocolProfile | None = None,
+                  partial: str | None = None) -> dict[str, str]:
     """Write JSON and HTML; returns their paths."""
     os.makedirs(report_dir, exist_ok=True)
-    doc = results_document(results, profile)
+    doc = results_document(results, profile, partial)
     json_path = os.path.join(report_dir, "results.json")
     with open(json_path, "w") as fh:
         json.dump(doc, fh, indent=1)

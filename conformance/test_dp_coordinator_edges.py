@@ -1,0 +1,323 @@
+"""A frontend-owned DP coordinator at its edges: load the engines report to it, what it must
+refuse on its engine-facing sockets, and its startup gate.
+
+vLLM 0.33.0's Python coordinator (`DPCoordinatorProc`, coordinator.py:186-456) keeps each
+engine's `(waiting, running)` from the stats-only messages engines PUSH to it (:365-407) and
+publishes them to the frontends, whose DPLB client routes by `max(inflight, waiting +
+running)` (core_client.py:1763-1800). Rust's in-process coordinator accepts stats-only
+messages but does not track them for routing (coordinator/inproc.rs `handle_outputs`), so
+load routing is SHOULD. A message with request outputs, a utility reply or finished ids on
+the coordinator path is a wiring error: Python asserts (coordinator.py:383-384), Rust's
+runner bails ("received non-control output on coordinator path", inproc.rs) and closes the
+client's registries, so open streams and calls fail with that cause. The startup gate waits
+for every engine's subscription before READY (coordinator.py:245-253, bootstrap.rs:47-81).
+vLLM runs wave coordination (and so this coordinator in handshake mode) for MoE models; a
+driver that cannot run one refuses the start: UNSUPPORTED with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from harness.case_context import CaseContext
+from harness.casekit import hold, prompt, request_for
+from harness.frontends.driver import Capability, FrontendError, StreamHandle
+from harness.verdicts import Level, case
+from harness.wire import messages as m
+from mock_engines.group import EngineGroup
+from mock_engines.script import EngineScript, UtilityReply, any_request
+
+LOAD = ("vllm/v1/engine/coordinator.py:365-407 (stats from the coordinator path), "
+        "core_client.py:1763-1800 (score max(inflight, waiting + running)) (0.33.0); rust "
+        "coordinator/inproc.rs handle_outputs: stats-only accepted, not used for routing")
+MISWIRED = ("vllm/v1/engine/coordinator.py:383-384 (asserts no outputs / utility reply) "
+            "(0.33.0); rust coordinator/inproc.rs handle_outputs bail_unexpected_coordinator_"
+            "output 'received non-control output on coordinator path' + close_registries")
+GATE = ("vllm/v1/engine/coordinator.py:245-253 (READY after every engine subscribed), "
+        ":351-360 (a later subscription gets READY again) (0.33.0); rust bootstrap.rs:47-81")
+GEN = [Capability.GENERATE]
+
+
+async def _unpinned_at(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
+    """Send one unpinned request, wait for it to end, return the engine that got it."""
+    p = prompt(seed)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    return found[0] if found else None
+
+
+# ---------------------------------------------------------------- load over the coordinator
+
+# (name, per-engine (waiting, running) reported to the coordinator, the least-loaded engine,
+# unpinned requests sent one after the other)
+LOADS: tuple[tuple[str, list[tuple[int, int]], int, int], ...] = (
+    ("waiting_2_engines", [(4, 0), (0, 0)], 1, 2),
+    ("running_2_engines", [(0, 4), (0, 0)], 1, 2),
+    ("mixed_3_engines", [(2, 3), (0, 1), (0, 4)], 1, 2),
+    ("running_4_engines", [(0, 6), (0, 5), (0, 7), (0, 2)], 3, 2),
+    # Near ties: one unit apart, the lighter engine (the last) has nothing of the other
+    # kind. One request only: Python counts its own routed request as +1 waiting until the
+    # coordinator's next publication, which makes a second request a tie (core_client.py:
+    # 1800-1806).
+    ("near_tie_waiting", [(2, 0), (0, 1)], 1, 1),
+    ("near_tie_running", [(0, 2), (1, 0)], 1, 1),
+)
+
+for _name, _loads, _idle, _count in LOADS:
+    def _make_load(name: str = _name, loads: list[tuple[int, int]] = _loads,
+                   idle: int = _idle, count: int = _count) -> None:
+        n = len(loads)
+        sent = "two unpinned requests sent one after the other both go" if count == 2 \
+            else "an unpinned request goes"
+
+        @case(f"dp.coordinator.load_routes_{name}", Level.SHOULD,
+              f"With {n} engines reporting (waiting, running) = {loads} to the frontend's "
+              f"own DP coordinator (stats-only messages), {sent} to engine {idle}, the "
+              "least loaded (waiting and "
+              "running both count; Python routes by the coordinator's counts, Rust's "
+              "in-process coordinator ignores them).", source=LOAD, needs=GEN)
+        async def load_routes(ctx: CaseContext) -> None:
+            group = await ctx.start(n, coordinated=True)
+            for engine, (waiting, running) in zip(group.engines, loads, strict=True):
+                engine.coordinator_stats(waiting=waiting, running=running)
+            await ctx.quiet(0.5)  # the coordinator applies (and publishes) the counts
+            at = [await _unpinned_at(ctx, group, 600 + 10 * n + i) for i in range(count)]
+            # Without the counts every engine ties and a rotating (or rank-0-first)
+            # tie-break cannot put the requests at engine `idle` for every load table.
+            ctx.require(at == [idle] * count,
+                        expected=f"every request at engine {idle} (reported load {loads})",
+                        observed=f"at engines {at}")
+
+        globals()[f"load_routes_{name}"] = load_routes
+    _make_load()
+
+
+# ---------------------------------------------------------------- a miswired coordinator path
+
+def _request_output(engine: int, rid: str) -> m.EngineCoreOutputs:
+    return m.EngineCoreOutputs(engine, [m.EngineCoreOutput(rid, [5])])
+
+
+def _utility_reply(engine: int, rid: str) -> m.EngineCoreOutputs:
+    return m.EngineCoreOutputs(engine, utility_output=m.UtilityOutput(987654, "stray reply"))
+
+
+def _finished_ids(engine: int, rid: str) -> m.EngineCoreOutputs:
+    return m.EngineCoreOutputs(engine, finished_requests=[rid])
+
+
+MISWIRED_KINDS = {"request_output": _request_output, "utility_reply": _utility_reply,
+                  "finished_requests": _finished_ids}
+
+
+async def _open_stream(ctx: CaseContext, group: EngineGroup, seed: int) -> StreamHandle:
+    handle = await ctx.driver.generate(prompt(seed), 50, data_parallel_rank=0)
+    await handle.wait_first(ctx.t(3))
+    return handle
+
+
+def _names_engine(rank: int) -> str:
+    """'engine 1', 'engine_index: 1', 'engine index=1' ... (each frontend words it its way)."""
+    return rf"engine[ _]?(index)?\W{{0,3}}{rank}\b"
+
+
+async def _require_failed_closed(ctx: CaseContext, handle: StreamHandle, what: str,
+                                 cause: tuple[str, ...]) -> None:
+    """The open stream ends with an error naming the coordinator path and every `cause`
+    (regular expressions, case-insensitive)."""
+    ended = await ctx.wait_until(lambda: handle.ended, 3)
+    ctx.require(ended and handle.finish_reason == "error",
+                expected=f"the open stream ends with an error after {what}",
+                observed=("still open" if not ended
+                          else f"{handle.finish_reason} error={handle.error}"))
+    text = handle.error or ""
+    missing = [word for word in ("coordinator", *cause)
+               if not re.search(word, text, re.IGNORECASE)]
+    ctx.require(not missing,
+                expected=f"the stream's error says why: it matches 'coordinator' and "
+                         f"{' and '.join(repr(c) for c in cause)} (vllm-rs: 'received "
+                         "non-control output on coordinator path: <the message>')",
+                observed=f"error {handle.error!r} lacks {missing}")
+
+
+async def _require_refused_later(ctx: CaseContext) -> None:
+    try:
+        later = await ctx.driver.generate(prompt(699), 2, data_parallel_rank=1)
+        await later.wait(ctx.t(3))
+    except FrontendError as exc:
+        ctx.note(f"later request refused: {exc}")
+        return
+    ctx.require(later.finish_reason == "error",
+                expected="a later request is refused (the client stays failed)",
+                observed=f"{later.finish_reason} error={later.error}")
+
+
+for _kind in MISWIRED_KINDS:
+    for _sender in (0, 1):
+        def _make_miswired(kind: str = _kind, sender: int = _sender) -> None:
+            @case(f"dp.coordinator.{kind}_on_coordinator_path_from_engine_{sender}_fails"
+                  f"_closed", Level.SHOULD,
+                  f"With 2 engines, engine {sender} sending a {kind.replace('_', ' ')} to "
+                  "the frontend's DP coordinator (which only takes stats and wave control) "
+                  "should make the client fail closed: the open stream ends with an error "
+                  f"that names the coordinator path and engine {sender}, and a later "
+                  "request is refused.", source=MISWIRED,
+                  needs=[Capability.GENERATE, Capability.DP_RANK, Capability.REQUEST_ERRORS])
+            async def miswired(ctx: CaseContext) -> None:
+                group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                         for _ in range(2)], coordinated=True)
+                handle = await _open_stream(ctx, group, 650)
+                found = request_for(group, prompt(650))
+                rid = found[1] if found else "unknown"
+                group[sender].send_coordinator(MISWIRED_KINDS[kind](sender, rid))
+                await _require_failed_closed(ctx, handle, f"a {kind} on the coordinator path",
+                                             (_names_engine(sender),))
+                await _require_refused_later(ctx)
+
+            globals()[f"miswired_{kind}_{sender}"] = miswired
+        _make_miswired()
+
+
+for _raw, _cause in ((b"\xc1 not msgpack", "decod"), (b"ENGINE_CORE_DEAD", "engine_core_dead")):
+    def _make_raw(raw: bytes = _raw, cause: str = _cause) -> None:
+        label = "undecodable" if cause == "decod" else "engine_core_dead"
+        sent = ("an undecodable message" if cause == "decod"
+                else "the ENGINE_CORE_DEAD sentinel")
+
+        @case(f"dp.coordinator.{label}_on_coordinator_path_fails_closed", Level.SHOULD,
+              f"With 2 engines, {sent} "
+              "PUSHed to the frontend's DP coordinator should make the client fail closed: "
+              f"the open stream ends with an error naming the coordinator path and "
+              f"{'the decode failure' if cause == 'decod' else 'ENGINE_CORE_DEAD'}, a "
+              "pending utility call fails at once, and a later request is refused.",
+              source=MISWIRED + "; rust decode errors close the registries",
+              needs=[Capability.GENERATE, Capability.DP_RANK, Capability.REQUEST_ERRORS,
+                     Capability.IS_SLEEPING])
+        async def raw_on_path(ctx: CaseContext) -> None:
+            silent = {"is_sleeping": UtilityReply(never=True)}
+            group = await ctx.start([EngineScript(rules=[any_request(hold())],
+                                                  utilities=silent) for _ in range(2)],
+                                    coordinated=True)
+            handle = await _open_stream(ctx, group, 660)
+            call = asyncio.ensure_future(ctx.driver.is_sleeping())
+            await ctx.quiet(0.2)  # the call is out, both engines swallow it
+            group[1].send_coordinator_raw([raw])
+            await _require_failed_closed(ctx, handle, f"{label} on the coordinator path",
+                                         (cause,))
+            done, _ = await asyncio.wait([call], timeout=ctx.t(1.0))
+            if not done:
+                call.cancel()
+            error = call.exception() if done else None
+            ctx.require(done and error is not None
+                        and "coordinator" in str(error).lower(),
+                        expected="the pending is_sleeping call fails within 1 s with the "
+                                 "coordinator failure as its cause (not its own timeout)",
+                        observed=("still pending after 1 s" if not done
+                                  else f"{type(error).__name__}: {error}"
+                                  if error else f"answered {call.result()!r}"))
+            await _require_refused_later(ctx)
+
+        globals()[f"raw_{label}"] = raw_on_path
+    _make_raw()
+
+
+# ---------------------------------------------------------------- the startup gate
+
+for _n, _slow in ((2, 1), (3, 0), (3, 2)):
+    def _make_gate(n: int = _n, slow: int = _slow) -> None:
+        @case(f"dp.coordinator.ready_waits_for_every_subscription_{n}_engines_slow_{slow}",
+              Level.MUST,
+              f"With {n} engines where engine {slow} subscribes to the coordinator late, "
+              "the coordinator publishes READY only after every engine subscribed: no "
+              f"engine receives READY before engine {slow}'s subscription was sent.",
+              source=GATE, needs=GEN)
+        async def ready_waits(ctx: CaseContext) -> None:
+            scripts = [EngineScript(coordinator_subscribe_delay=ctx.t(0.6) if i == slow
+                                    else 0.0) for i in range(n)]
+            group = await ctx.start(scripts, coordinated=True)
+            records = group.transcript.select(channel="coordinator")
+            subscribed = [r.t for r in records
+                          if r.rank == slow and r.direction == "out"
+                          and r.note == "subscription"]
+            ready: dict[int, float] = {}  # each engine's first READY
+            for r in records:
+                if r.direction == "in" and r.note == "READY":
+                    ready.setdefault(r.rank, r.t)
+            early = sorted(rank for rank, t in ready.items()
+                           if subscribed and t < subscribed[0])
+            ctx.require(bool(subscribed) and len(ready) == n and not early,
+                        expected=f"READY at all {n} engines, none before engine {slow} "
+                                 "subscribed",
+                        observed=f"READY at {sorted(ready)}; before the late subscription: "
+                                 f"{early}")
+
+        globals()[f"ready_waits_{n}_{slow}"] = ready_waits
+    _make_gate()
+
+
+@case("dp.coordinator.late_subscription_gets_ready_again", Level.SHOULD,
+      "After startup, an engine subscribing to the coordinator again (its connection was "
+      "re-established) should get READY again, and the coordinator keeps working: a later "
+      "start_wave(3) from engine 1 is rebroadcast as START_DP_WAVE (3, 1).",
+      source=GATE, needs=GEN)
+async def late_subscription(ctx: CaseContext) -> None:
+    group = await ctx.start(2, coordinated=True)
+
+    def readies(rank: int) -> int:
+        return sum(1 for r in group.transcript.select(rank=rank, direction="in",
+                                                      channel="coordinator")
+                   if r.note == "READY")
+
+    before = readies(0)
+    group[0].coordinator_resubscribe()
+    again = await ctx.wait_until(lambda: readies(0) > before, 2)
+    ctx.require(again, expected="a second READY at engine 0 after its new subscription",
+                observed=f"{readies(0)} READY in all")
+    group[1].start_wave(3)
+    waves = await ctx.wait_until(lambda: all(
+        (w.wave, w.exclude_engine_index) == (3, 1)
+        for e in group.engines for w in group.transcript.start_dp_waves(e.rank))
+        and all(group.transcript.start_dp_waves(e.rank) for e in group.engines), 3)
+    ctx.require(waves, expected="START_DP_WAVE (3, 1) at both engines afterwards",
+                observed={e.rank: [(w.wave, w.exclude_engine_index)
+                                   for w in group.transcript.start_dp_waves(e.rank)]
+                          for e in group.engines})
+
+
+# ---------------------------------------------------------------- DP control on the main path
+
+CONTROL = ("rust client.rs client_fail_closes_when_main_output_path_receives_dp_control; "
+           "rust error.rs UnexpectedDispatcherOutput 'unexpected output on main dispatcher "
+           "path: {message}'; vllm/v1/engine/core.py:2078-2090 (client_index -1 -> "
+           "coordinator only)")
+
+for _kind in ("start_wave", "wave_complete"):
+    def _make_control_text(kind: str = _kind) -> None:
+        @case(f"dp.wave.{kind}_on_main_path_error_says_why", Level.SHOULD,
+              f"When a {kind} message reaches the main output path and the client fails "
+              "closed, the open stream's error should say why: that DP control arrived on "
+              "the main output path (vllm-rs: 'unexpected output on main dispatcher path').",
+              source=CONTROL, needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
+        async def control_text(ctx: CaseContext) -> None:
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(2)])
+            handle = await ctx.driver.generate(prompt(670), 50)
+            await handle.wait_first(ctx.t(3))
+            control = (m.EngineCoreOutputs(1, start_wave=3) if kind == "start_wave"
+                       else m.EngineCoreOutputs(1, wave_complete=0))
+            group[1].send_garbage(group.codec.encode_outputs(control))
+            ended = await ctx.wait_until(lambda: handle.ended, 3)
+            ctx.require(ended and handle.finish_reason == "error",
+                        expected=f"the open stream ends with an error after {kind}",
+                        observed=("still open (the message was ignored)" if not ended
+                                  else f"{handle.finish_reason} error={handle.error}"))
+            said = re.search(r"main (output|dispatcher) path", handle.error or "",
+                             re.IGNORECASE)
+            ctx.require(said is not None,
+                        expected="the error says it came from the main output path",
+                        observed=f"error {handle.error!r}")
+
+        globals()[f"control_text_{kind}"] = control_text
+    _make_control_text()

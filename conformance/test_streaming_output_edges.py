@@ -1,0 +1,243 @@
+"""What a frontend puts on the ADD and what it hands the client when a request fails.
+
+Port authors build the EngineCoreRequest by hand and get the quiet fields wrong: a greedy
+request sent with the struct's default temperature (1.0, so the engine samples), no EOS id
+(the engine never stops at end of sequence), no external_req_id (the engine's logs and the
+frontend's abort-by-user-id lose the user's name). (Pinned ranks on the ADD:
+test_dp_routing_slots.py.) On the way back, an engine's per-request RequestError carries a message
+meant for the user ("Generation is paused, retry"): a port that ends the stream with a bare
+"error" or with no error at all throws it away.
+"""
+
+from __future__ import annotations
+
+from harness.case_context import CaseContext
+from harness.casekit import prompt
+from harness.frontends.driver import Capability, StreamHandle, UnsupportedOperation
+from harness.verdicts import Level, case
+from harness.vocab import EOS_TOKEN_ID
+from harness.wire import messages as m
+from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
+
+F = m.FinishReason
+GEN = [Capability.GENERATE]
+ADD_SRC = ("vllm 0.33.0 sampling_params.py update_from_generation_config / "
+           "update_from_tokenizer (_eos_token_id, _all_stop_token_ids); "
+           "input_processor.py:354-371 (external_req_id keeps the user's id)")
+
+
+# ----------------------------------------------------------------- ADD fields
+
+
+def _make_greedy_eos(engines: int) -> None:
+    @case(f"streaming.add_fields.greedy_eos_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), every ADD of a greedy request (the client asks for "
+          "temperature 0) carries temperature 0.0, the model's EOS token id as "
+          "_eos_token_id, that id in _all_stop_token_ids, and the client's max_tokens.",
+          source=ADD_SRC, needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript() for _ in range(engines)])
+        asks = [(prompt(i), 2 + i) for i in range(2 * engines)]
+        handles = [await ctx.driver.generate(p, n) for p, n in asks]
+        for h in handles:
+            await h.wait(ctx.t(3))
+        wrong = []
+        for p, n in asks:
+            req = next((r for r in group.transcript.adds() if r.prompt_token_ids == p), None)
+            sp = req.sampling_params if req is not None else None
+            if sp is None:
+                wrong.append(f"{p}: no ADD or no sampling_params")
+                continue
+            seen = (sp.temperature, sp._eos_token_id, EOS_TOKEN_ID in sp._all_stop_token_ids,
+                    sp.max_tokens)
+            if seen != (0.0, EOS_TOKEN_ID, True, n):
+                wrong.append(f"{p}: (temperature, _eos_token_id, EOS in "
+                             f"_all_stop_token_ids, max_tokens) = {seen}")
+        ctx.require(not wrong, expected=f"every ADD: temperature 0.0, _eos_token_id "
+                                        f"{EOS_TOKEN_ID}, EOS in _all_stop_token_ids, the "
+                                        "asked max_tokens",
+                    observed="; ".join(wrong[:3]))
+
+    run.__name__ = run.__qualname__ = f"add_greedy_eos_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (1, 2):
+    _make_greedy_eos(_n)
+
+
+@case("streaming.add_fields.external_req_id_generated", Level.MUST,
+      "Every ADD names the user-facing request id in external_req_id (vLLM's frontends set "
+      "it; the engine-side request_id may carry a suffix), one distinct id per request.",
+      source=ADD_SRC, needs=GEN)
+async def add_external_generated(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript() for _ in range(2)])
+    handles = [await ctx.driver.generate(prompt(i), 2) for i in range(4)]
+    for h in handles:
+        await h.wait(ctx.t(3))
+    ids = [r.external_req_id for r in group.transcript.adds()]
+    ctx.require(len(ids) == 4 and None not in ids and len(set(ids)) == 4,
+                expected="4 ADDs, each with its own external_req_id",
+                observed=f"external_req_id per ADD: {ids}")
+
+
+@case("streaming.add_fields.external_req_id_client_chosen", Level.MUST,
+      "With a client-chosen request id, the ADD's external_req_id names that id (an HTTP "
+      "server may prefix it, as vLLM's OpenAI routes do: cmpl-<id>).",
+      source=ADD_SRC, needs=[Capability.GENERATE, Capability.CLIENT_REQUEST_ID])
+async def add_external_client(ctx: CaseContext) -> None:
+    group = await ctx.start(1)
+    chosen = ["user-req-a", "user-req-b"]
+    try:
+        handles = [await ctx.driver.generate(prompt(i), 2, request_id=rid)
+                   for i, rid in enumerate(chosen)]
+    except UnsupportedOperation as exc:  # it declared client_request_id: a driver fault
+        ctx.require(False, expected="generate(request_id=...) honoured by a driver that "
+                                    "declares client_request_id", observed=str(exc))
+        return
+    for h in handles:
+        await h.wait(ctx.t(3))
+    seen = {tuple(r.prompt_token_ids or []): r.external_req_id
+            for r in group.transcript.adds()}
+    got = [seen.get(tuple(prompt(i))) for i in range(2)]
+    ok = all(g is not None and want in g for g, want in zip(got, chosen, strict=True))
+    ctx.require(ok, expected=f"external_req_id naming {chosen}", observed=got)
+
+
+
+
+
+
+
+# ----------------------------------------------------------------- request errors
+
+ERROR_TEXT = "Generation is paused. Please retry after it resumes."
+PHASES: dict[str, list[Step]] = {
+    "before_first_token": [],
+    "after_tokens": [Emit([100]), Emit([101], 0.02)],
+}
+
+
+def _make_error_message(phase: str, engines: int) -> None:
+    @case(f"streaming.request_error.message_reaches_client_{phase}_{engines}_engines",
+          Level.MUST,
+          f"With {engines} engine(s), a request the engine ends with ERROR and a "
+          f"RequestError ({phase}) ends with finish_reason 'error' and an error that carries "
+          "the engine's message for the user; its neighbour on the same engine completes.",
+          source="vllm 0.33.0 outputs.py RequestError.to_exception (the message is the "
+                 "exception text); output_processor.py:764-771 (raised to the caller)",
+          needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
+    async def run(ctx: CaseContext) -> None:
+        failing = [prompt(i) for i in range(engines)]
+        neighbours = [prompt(100 + i) for i in range(engines)]
+        steps = [*PHASES[phase], Finish(F.ERROR, delay=0.03, error=m.RequestError(
+            "engine_paused", ERROR_TEXT, True))]
+        rules = [*(by_prompt(p, steps) for p in failing),
+                 *(by_prompt(p, stream([300, 301, 302], 0.03)) for p in neighbours)]
+        await ctx.start([EngineScript(rules=list(rules)) for _ in range(engines)])
+        bad_h = [await ctx.driver.generate(p, 10) for p in failing]
+        ok_h = [await ctx.driver.generate(p, 3) for p in neighbours]
+        await ctx.wait_until(lambda: all(h.ended for h in [*bad_h, *ok_h]), 3)
+        wrong = [_describe(h) for h in bad_h
+                 if not (h.finish_reason == "error" and ERROR_TEXT in (h.error or ""))]
+        ctx.require(not wrong, expected=f"finish_reason 'error', error text containing "
+                                        f"{ERROR_TEXT!r}",
+                    observed="; ".join(wrong[:2]))
+        wrong = [_describe(h) for h in ok_h
+                 if not (h.finish_reason == "length" and h.tokens == [300, 301, 302])]
+        ctx.require(not wrong, expected="every neighbour completes with [300, 301, 302]",
+                    observed="; ".join(wrong[:2]))
+
+    run.__name__ = run.__qualname__ = f"error_message_{phase}_{engines}"
+    globals()[run.__name__] = run
+
+
+def _describe(h: StreamHandle) -> str:
+    return f"ended={h.ended} finish_reason={h.finish_reason!r} error={h.error!r} " \
+           f"tokens={h.tokens}"
+
+
+for _phase in PHASES:
+    for _n in (1, 2):
+        _make_error_message(_phase, _n)
+
+
+
+# ----------------------------------------------------------------- tensor beside fields
+
+KV = {"do_remote_prefill": False, "remote_engine_id": "e-1"}
+EMBED_ROWS = [[r + c / 64 for c in range(8)] for r in range(3)]
+
+
+def _make_embeds_only_as_tensor(with_kv: bool) -> None:
+    name = "with_kv_transfer_params" if with_kv else "alone"
+    want = {"kv_transfer_params": KV} if with_kv else None
+    beside = "exactly the kv_transfer_params sent beside it" if with_kv else "nothing at all"
+
+    @case(f"streaming.inputs.prompt_embeds_not_in_extra_args_{name}", Level.MUST,
+          "prompt_embeds travels only as the ADD's tensor field: SamplingParams.extra_args "
+          f"carries no copy of it ({beside}).",
+          source="vllm 0.33.0 v1/engine/__init__.py EngineCoreRequest.prompt_embeds (field "
+                 "9); v1/request.py:118-125 (extra_args holds kv/ec_transfer_params only)",
+          needs=[Capability.GENERATE, Capability.INPUT_TENSORS,
+                 *([Capability.PASS_THROUGH] if with_kv else [])])
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(7)
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
+        params: dict[str, object] = {"prompt_embeds": EMBED_ROWS}
+        if with_kv:
+            params["kv_transfer_params"] = KV
+        handle = await ctx.driver.generate(p, 2, params=params)
+        await ctx.wait_until(lambda: handle.ended, 3)
+        adds = [r for r in group.transcript.adds() if r.prompt_token_ids == p]
+        ctx.require(len(adds) == 1 and adds[0].prompt_embeds is not None,
+                    expected="one ADD carrying prompt_embeds",
+                    observed=f"{len(adds)} ADD(s)")
+        sp = adds[0].sampling_params
+        extra = sp.extra_args if sp is not None else "no sampling_params"
+        ctx.require((extra or None) == want, expected=f"extra_args {want}",
+                    observed=f"extra_args {extra!r:.200}")
+
+    run.__name__ = run.__qualname__ = f"embeds_only_as_tensor_{name}"
+    globals()[run.__name__] = run
+
+
+for _with_kv in (False, True):
+    _make_embeds_only_as_tensor(_with_kv)
+
+
+# ----------------------------------------------------------------- held-back stop text
+
+HOLD_STOP = "zzzzzz"  # never matched; holds back the last 5 characters of the text
+
+
+def _make_held_released(kind: F) -> None:
+    name = kind.name.lower()
+    reason = "abort" if kind is F.ABORT else "error"
+
+    @case(f"streaming.stop_edge.held_text_released_on_engine_{name}", Level.MUST,
+          f"A stop-string request the engine ends with {kind.name} in an output carrying no "
+          f"new token still gets the text held back for the stop string: the stream ends "
+          f"{reason!r} with tokens [100, 101] and text ' t100 t101', nothing lost.",
+          source=("vllm/v1/engine/detokenizer.py get_next_output_text (no buffer held back "
+                  "once finished); output_processor.py (a finished output flushes the text)"),
+          needs=[Capability.GENERATE, Capability.STOP_STRINGS,
+                 *([Capability.REQUEST_ERRORS] if kind is F.ERROR else [])])
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        steps: list[Step] = [Emit([100], 0.02), Emit([101], 0.02), Finish(kind, delay=0.05)]
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        h = await ctx.driver.generate(p, 50, stop=[HOLD_STOP])
+        ended = await ctx.wait_until(lambda: h.ended, 3)
+        ctx.require(ended and h.finish_reason == reason,
+                    expected=f"the stream ends {reason!r}", observed=_describe(h))
+        ctx.require(h.tokens == [100, 101] and h.text == " t100 t101",
+                    expected="tokens [100, 101], text ' t100 t101' (the held-back ' t101' "
+                             "delivered at the end)", observed=f"{h.tokens} {h.text!r}")
+
+    run.__name__ = run.__qualname__ = f"held_text_released_{name}"
+    globals()[run.__name__] = run
+
+
+for _kind in (F.ABORT, F.ERROR):
+    _make_held_released(_kind)

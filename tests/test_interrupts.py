@@ -1,0 +1,139 @@
+"""SIGINT / SIGTERM to `corewire run` or to plain pytest (issue: no verdict lost, no process
+leaked): the run stops within STOP_BOUND_S, exits 2, writes partial reports of the cases
+that finished, and leaves no process and no ipc dir behind.
+
+Each test starts a real run against reference-subprocess (so drivers are grandchildren in
+sessions of their own) in a session of its own, with a marker in its environment that every
+descendant inherits; "no process left" means no process carries the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+from harness.timing import scaled
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_BOUND_S = 30.0  # documented in docs/cli.md: signal -> exit, scaled by the timescale
+MARK = "COREWIRE_INTERRUPT_TEST_MARK"
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries `mark` (every descendant of the run)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found
+
+
+class Run:
+    """A run in a session of its own, its output read line by line."""
+
+    def __init__(self, argv: list[str], tmp: Path) -> None:
+        self.mark = uuid.uuid4().hex
+        self.tmpdir = tmp / "tmp"
+        self.tmpdir.mkdir()
+        env = {**os.environ, MARK: self.mark, "TMPDIR": str(self.tmpdir),
+               "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self.finished = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if any(word in line for word in (" PASSED", " FAILED", " SKIPPED")):
+                self.finished.set()
+
+    def output(self) -> str:
+        return "".join(self.lines)[-4000:]
+
+    def kill_everything(self) -> None:
+        for pid in _marked(self.mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def _argv(how: str, report_dir: Path, workers: str) -> list[str]:
+    selection = ["-m", "streaming", "--frontend", "reference-subprocess"]
+    if how == "corewire":
+        return [sys.executable, "-m", "harness.cli", "run", "--report-dir", str(report_dir),
+                "-n", workers, *selection, "--", "-vv"]
+    return [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-p",
+            "no:cacheprovider", "-vv", "--report-dir", str(report_dir),
+            f"--junitxml={report_dir / 'junit.xml'}", "-o", "junit_family=xunit2",
+            "-n", workers, *selection]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how, sig, workers", [
+    ("corewire", signal.SIGINT, "0"),
+    ("corewire", signal.SIGTERM, "2"),
+    ("pytest", signal.SIGTERM, "0"),
+    ("pytest", signal.SIGINT, "2"),
+])
+def test_interrupt_keeps_finished_verdicts_and_leaves_nothing(
+        tmp_path: Path, how: str, sig: signal.Signals, workers: str) -> None:
+    report_dir = tmp_path / "reports"
+    run = Run(_argv(how, report_dir, workers), tmp_path)
+    try:
+        assert run.finished.wait(scaled(240)), "no case finished:\n" + run.output()
+        assert run.proc.poll() is None, "the run ended before the signal:\n" + run.output()
+        os.kill(run.proc.pid, sig)
+        signalled = time.monotonic()
+        code = run.proc.wait(timeout=scaled(STOP_BOUND_S) + 30)
+        took = time.monotonic() - signalled
+        assert took < scaled(STOP_BOUND_S), f"stopping took {took:.1f} s"
+        assert code == 2, f"exit {code}:\n" + run.output()
+
+        doc = json.loads((report_dir / "results.json").read_text())
+        assert doc["meta"]["partial"] is True
+        assert doc["meta"]["partial_reason"] == f"interrupted by {sig.name}"
+        finished = {(r["id"], r["frontend"]) for r in doc["results"]}
+        assert finished, "the finished cases are not in results.json"
+        assert len(finished) < 97, "every case ran: the interrupt stopped nothing"
+        html = (report_dir / "report.html").read_text()
+        assert "id='partial'" in html and "PARTIAL" in html
+        junit = {case.name for suite in JUnitXml.fromfile(str(report_dir / "junit.xml"))
+                 for case in suite}
+        assert {f"{case}[{fe}]" for case, fe in finished} <= junit
+        assert f"PARTIAL: interrupted by {sig.name}" in run.output()
+        assert "session leaked" not in run.output() and "INTERNALERROR" not in run.output()
+
+        deadline = time.monotonic() + 5  # the kernel reaps the last exits
+        while _marked(run.mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _marked(run.mark), f"processes left: {_marked(run.mark)}"
+        leftover = [p.name for p in run.tmpdir.iterdir() if p.name.startswith("cw-")]
+        assert not leftover, f"ipc dirs left: {leftover}"
+    finally:
+        run.kill_everything()
