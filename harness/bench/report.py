@@ -71,7 +71,8 @@ def render_markdown(doc: Doc) -> str:
                 assert base is not None and value is not None
                 ratio = value / base if higher_is_better(fig) else base / value
                 cells.append(f"{ratio:.2f}x")
-            lines.append(f"| {sname} | {label} | {fig} | " + " | ".join(cells) + " |")
+            if any(cell != "-" for cell in cells):
+                lines.append(f"| {sname} | {label} | {fig} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Figures", "", "| scenario | row | figure | " + " | ".join(specs) + " |",
               "|---|---|---|" + "---|" * len(specs)]
