@@ -11,7 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-BUSY_LIMIT = 0.8  # engine thread CPU / wall above this: the engines may be the bottleneck
+# Engine thread running-or-runnable time / wall above this: the engines may be the bottleneck.
+BUSY_LIMIT = 0.8
 SCHEMA = "corewire-bench/1"
 # Figures where more is better; every other figure (latencies, CPU, frames) is a cost.
 HIGHER_IS_BETTER = ("tokens_per_s",)
@@ -24,7 +25,7 @@ class Row:
 
     label: str
     figures: dict[str, float | None] = field(default_factory=dict)
-    engine_busy: float | None = None  # max over engines of thread CPU / wall in the window
+    engine_busy: float | None = None  # max over engines: running or runnable / wall
     refused: str | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)  # ms, for CDFs
     notes: list[str] = field(default_factory=list)

@@ -80,3 +80,19 @@ def self_cpu() -> float:
     """CPU seconds of this whole process (every thread)."""
     times = os.times()
     return times.user + times.system
+
+
+def thread_runnable(native_id: int | None) -> float | None:
+    """Seconds one thread of this process was on a CPU or waiting in the run queue for one
+    (schedstat fields 1 + 2): the time it wanted to run. A thread descheduled by other
+    processes still counts (CPU time alone would under-report an engine on a busy machine);
+    a thread blocked on a lock, the GIL included, or in poll() does not. Falls back to CPU
+    time where schedstat is missing."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as fh:
+            fields = fh.read().split()
+        return (int(fields[0]) + int(fields[1])) / 1e9
+    except (OSError, ValueError, IndexError):
+        return _stat_cpu(f"/proc/self/task/{native_id}/stat")

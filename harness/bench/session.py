@@ -3,8 +3,9 @@
 `BenchFrontend` starts a driver against an `EngineGroup` whose engines run in load mode
 (mock_engines/loadgen.py) with counters-only transcripts, and gives a scenario:
 
-* `EngineMeter`: each engine thread's CPU over a window / the window's wall time, from /proc
-  (the engines' own utilisation: the refusal rule reads the busiest engine);
+* `EngineMeter`: the time each engine thread was running or waiting for a core over a
+  window / the window's wall time, from /proc (the engines' own utilisation: the refusal
+  rule reads the busiest engine);
 * `FrontendCpu`: CPU seconds of the frontend's process tree where it is a separate process,
   else of this process minus the engine threads (the frontend and the bench client together).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from harness.bench.proc import self_cpu, thread_cpu, tree_cpu
+from harness.bench.proc import self_cpu, thread_cpu, thread_runnable, tree_cpu
 from harness.frontends.driver import FrontendDriver, StreamHandle
 from harness.frontends.registry import make_driver
 from harness.transport.endpoints import PrivateIpcDir
@@ -70,7 +71,9 @@ def frontend_pid(driver: FrontendDriver) -> int | None:
 
 
 class EngineMeter:
-    """Busy fraction (thread CPU / wall) of every engine thread over one window."""
+    """Busy fraction of every engine thread over one window: the time the thread was
+    running or runnable (waiting for a core) / wall time. Waiting in poll, on a blocked
+    send or for the GIL is not busy: the engine then waits for the frontend."""
 
     def __init__(self, group: EngineGroup) -> None:
         self._threads = [e.runner.native_id for e in group.engines if e.runner is not None]
@@ -80,7 +83,7 @@ class EngineMeter:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._cpu0 = [thread_cpu(t) for t in self._threads]
+        self._cpu0 = [thread_runnable(t) for t in self._threads]
 
     def busy(self) -> float | None:
         """The busiest engine's fraction since `start` (None: not measurable here)."""
@@ -88,7 +91,8 @@ class EngineMeter:
         if wall <= 0:
             return None
         fractions = [(now - then) / wall for then, now in
-                     zip(self._cpu0, (thread_cpu(t) for t in self._threads), strict=True)
+                     zip(self._cpu0, (thread_runnable(t) for t in self._threads),
+                         strict=True)
                      if then is not None and now is not None]
         return round(max(fractions), 4) if fractions else None
 
