@@ -54,36 +54,45 @@ def test_every_scenario_reports_rows_with_units(smoke: tuple[dict[str, Any], Pat
         assert scenario["error"] is None, (name, scenario["error"])
         assert len(scenario["rows"]) == expected_rows[name], name
         for row in scenario["rows"]:
-            assert row["refused"] is None, (name, row["refused"])
             assert row["figures"], name
             for figure, value in row["figures"].items():
                 assert figure.endswith(UNITS), figure
                 assert value is None or isinstance(value, float | int), figure
             if name != "startup":
                 assert row["engine_busy"] is not None and row["engine_busy"] >= 0, name
+            # A row may be refused on a machine busy enough to starve the engines (that
+            # depends on the load, so it is not asserted away); a refused row has no figure.
+            if row["refused"] is not None:
+                assert row["engine_busy"] > BUSY_LIMIT
+                assert all(v is None for v in row["figures"].values()) and not row["samples"]
     throughput = scenarios["throughput"]["rows"]
     assert [r["params"]["streams"] for r in throughput] == [1, 4]
     assert all(len(r["params"]["windows_tokens_per_s"]) == 2 for r in throughput)
-    assert all(r["figures"]["tokens_per_s"] > 0 for r in throughput)
+    assert all(r["refused"] or r["figures"]["tokens_per_s"] > 0 for r in throughput)
     assert throughput[0]["params"]["cpu_scope"].startswith("harness process")
     abort = scenarios["abort_storm"]["rows"][0]
-    assert abort["figures"]["abort_frames"] >= 1 and abort["figures"]["all_aborted_ms"] is not None
     assert not abort["notes"]  # every stream was aborted at the engine
+    if not abort["refused"]:
+        assert abort["figures"]["abort_frames"] >= 1
+        assert abort["figures"]["all_aborted_ms"] is not None
     for name, key in (("token_latency", "token"), ("ttft", "ttft"), ("utility", "rtt")):
         row = scenarios[name]["rows"][0]
         assert {f"{key}_p50_ms", f"{key}_p99_ms", f"{key}_max_ms"} <= set(row["figures"])
-        assert row["samples"][f"{key}_ms"] == sorted(row["samples"][f"{key}_ms"])
+        if not row["refused"]:
+            assert row["samples"][f"{key}_ms"] == sorted(row["samples"][f"{key}_ms"])
     assert set(scenarios["startup"]["rows"][0]["figures"]) == {
         "registered_ms", "serving_ms", "first_served_ms"}
-    assert any("throughput" in line and "tokens/s" in line for line in doc["_progress"])
+    assert all(v is not None for v in scenarios["startup"]["rows"][0]["figures"].values())
+    assert any("throughput" in line and "streams" in line for line in doc["_progress"])
 
 
 def test_files_written(smoke: tuple[dict[str, Any], Path]) -> None:
     doc, out = smoke
     names = set(os.listdir(out))
     assert {"bench.json", "bench.md", "throughput.png"} <= names
-    assert any(n.startswith("cdf-token-latency") for n in names)
-    assert any(n.startswith("cdf-utility") for n in names)
+    kept = [row for name, scenario in doc["frontends"]["reference"]["scenarios"].items()
+            if name != "startup" for row in scenario["rows"] if row["samples"]]
+    assert bool(kept) == any(n.startswith("cdf-") for n in names)  # one per series kept
     for name in names:
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
