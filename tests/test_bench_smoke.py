@@ -89,7 +89,9 @@ def test_every_scenario_reports_rows_with_units(smoke: tuple[dict[str, Any], Pat
 def test_files_written(smoke: tuple[dict[str, Any], Path]) -> None:
     doc, out = smoke
     names = set(os.listdir(out))
-    assert {"bench.json", "bench.md", "throughput.png"} <= names
+    assert {"bench.json", "bench.md"} <= names
+    rows = doc["frontends"]["reference"]["scenarios"]["throughput"]["rows"]
+    assert ("throughput.png" in names) == any(not r["refused"] for r in rows)
     kept = [row for name, scenario in doc["frontends"]["reference"]["scenarios"].items()
             if name != "startup" for row in scenario["rows"] if row["samples"]]
     assert bool(kept) == any(n.startswith("cdf-") for n in names)  # one per series kept

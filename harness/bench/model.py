@@ -75,8 +75,3 @@ def latency_figures(prefix: str, values_ms: list[float]) -> dict[str, float | No
 
 def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
     return asdict(scenario)
-
-
-def scenario_from_json(doc: dict[str, Any]) -> Scenario:
-    rows = [Row(**row) for row in doc.get("rows", [])]
-    return Scenario(doc["name"], rows, doc.get("error"), doc.get("seconds", 0.0))

@@ -112,13 +112,24 @@ def write_plots(doc: Doc, report_dir: str) -> list[str]:
 
     written: list[str] = []
     specs = list(doc["frontends"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines: dict[str, list[tuple[int, float]]] = {}
     for spec in specs:
         rows = doc["frontends"][spec]["scenarios"].get("throughput", {}).get("rows", [])
         points = [(r["params"]["streams"], r["figures"].get("tokens_per_s")) for r in rows]
-        points = [(x, y) for x, y in points if y is not None]
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=spec)
+        kept = [(x, y) for x, y in points if y is not None]
+        if kept:
+            lines[spec] = kept
+    if lines:
+        written.append(_throughput_plot(plt, lines, report_dir))
+    written += _cdf_plots(plt, doc, report_dir)
+    return written
+
+
+def _throughput_plot(plt: Any, lines: dict[str, list[tuple[int, float]]],
+                     report_dir: str) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for spec, points in lines.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=spec)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("tokens/s delivered to clients")
@@ -128,7 +139,13 @@ def write_plots(doc: Doc, report_dir: str) -> list[str]:
     path = os.path.join(report_dir, "throughput.png")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    written.append(path)
+    return path
+
+
+def _cdf_plots(plt: Any, doc: Doc, report_dir: str) -> list[str]:
+    """One latency CDF per (scenario, row, series), one line per frontend."""
+    written: list[str] = []
+    specs = list(doc["frontends"])
     series: dict[tuple[str, str, str], dict[str, list[float]]] = {}
     for spec in specs:
         for sname, sdoc in doc["frontends"][spec]["scenarios"].items():
