@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: conformance test history compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
+.PHONY: bench conformance test history compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -49,6 +49,12 @@ test: $(VLLM_STAMP) chromium
 	  --frontend reference --frontend reference-subprocess \
 	  --frontend vllm-rs --frontend vllm-py --frontend kv:reference --frontend ec:reference \
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/test
+
+# Measure the frontends under load (docs/bench.md): reference, vllm-rs and vllm-py side by side
+# in one run (~3 minutes); reports in reports/bench. Not part of make test (its smoke is).
+bench: $(VLLM_STAMP)
+	$(BIN)/corewire bench --frontend reference --frontend vllm-rs --frontend vllm-py \
+	  --report-dir reports/bench
 
 # Regenerate fixtures/profiles: one protocol profile per vLLM release 0.22.0 ... 0.33.0, read
 # from each release's sdist (downloaded once into ~/.cache/corewire/sdists; needs the network).

@@ -5,12 +5,14 @@
     corewire report RESULTS.json [--out report.html]
     corewire compliance RESULTS.json [--baseline FILE] [--out docs/compliance.md]
     corewire profiles [--json]
+    corewire bench [--frontend F ...] [--scenarios a,b] [--quick] [--report-dir DIR]
+                   [--bench-baseline FILE [--bench-min-ratio 0.9]]
 
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
 4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
 every command exits 4 with one line (no traceback) on unreadable or malformed input.
-The table, interrupts and report-set rules: docs/cli.md.
+The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes there too).
 """
 
 from __future__ import annotations
@@ -170,6 +172,54 @@ def _profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCH_SCENARIO_FAILED = 3
+BENCH_INTERRUPTED = 2
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from harness.bench import SCENARIOS, BenchOptions, run_bench
+    from harness.bench.gate import EXIT_REGRESSION, compare, load_baseline
+    from harness.bench.report import write_json, write_markdown, write_plots
+    from harness.frontends.registry import check_spec
+
+    frontends = args.frontend or ["reference"]
+    for spec in frontends:
+        try:
+            check_spec(spec)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    scenarios = (list(SCENARIOS) if not args.scenarios
+                 else [s.strip() for s in args.scenarios.split(",") if s.strip()])
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        raise UsageError(f"--scenarios: unknown {', '.join(unknown)}; known: "
+                         f"{', '.join(SCENARIOS)}")
+    saved = load_baseline(args.bench_baseline) if args.bench_baseline else None
+    try:
+        os.makedirs(args.report_dir, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
+    options = BenchOptions.quick() if args.quick else BenchOptions()
+    doc = run_bench(frontends, scenarios, options)
+    paths = [write_json(doc, args.report_dir), write_markdown(doc, args.report_dir),
+             *write_plots(doc, args.report_dir)]
+    print("\n".join(paths))
+    code = 0
+    if any(s.get("error") for f in doc["frontends"].values() for s in f["scenarios"].values()):
+        code = BENCH_SCENARIO_FAILED
+    if doc.get("partial"):
+        return BENCH_INTERRUPTED
+    if saved is not None:
+        verdicts = compare(saved, doc, args.bench_min_ratio)
+        for verdict in verdicts:
+            print(verdict.line())
+        if not verdicts:
+            print("bench baseline: no figure in common with the saved run")
+        if any(not v.ok for v in verdicts):
+            code = EXIT_REGRESSION
+    return code
+
+
 def _compliance(args: argparse.Namespace) -> int:
     import json
 
@@ -218,6 +268,22 @@ def main(argv: list[str] | None = None) -> int:
                           "(default vllm-0.33; see `corewire profiles`)")
     prof = sub.add_parser("profiles", help="list the protocol profiles (one per vLLM release)")
     prof.add_argument("--json", action="store_true", help="machine-readable")
+    bench = sub.add_parser("bench", help="measure frontends under load (mock engines as a "
+                                         "load generator): JSON, markdown and PNG plots")
+    bench.add_argument("--frontend", action="append",
+                       help="as for run (default reference); repeatable, measured in turn")
+    bench.add_argument("--scenarios",
+                       help="comma-separated subset of throughput, token_latency, ttft, "
+                            "abort_storm, utility, startup (default: all)")
+    bench.add_argument("--quick", action="store_true",
+                       help="small sizes and short windows (development; not for figures)")
+    bench.add_argument("--report-dir", default="reports/bench",
+                       help="where bench.json, bench.md and the PNG plots go")
+    bench.add_argument("--bench-baseline",
+                       help="a saved bench.json: gate this run against it (exit 1)")
+    bench.add_argument("--bench-min-ratio", type=float, default=0.9,
+                       help="allowed ratio against the saved run (default 0.9: tokens/s "
+                            ">= 0.9x, latencies <= 1/0.9x)")
     diff = sub.add_parser("diff", help="verdict transitions between two results.json")
     diff.add_argument("old", help="results.json of the earlier run")
     diff.add_argument("new", help="results.json of the later run")
@@ -231,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands = {"run": lambda: _run(args, extra), "diff": lambda: _diff(args),
                 "compliance": lambda: _compliance(args), "report": lambda: _report(args),
-                "profiles": lambda: _profiles(args)}
+                "profiles": lambda: _profiles(args), "bench": lambda: _bench(args)}
     try:
         return commands[args.command]()
     except UsageError as exc:

@@ -24,6 +24,7 @@ from harness.wire import (
     codec_for,
 )
 from harness.wire import messages as m
+from mock_engines.loadgen import LoadStepper
 from mock_engines.script import (
     Die,
     Emit,
@@ -81,7 +82,7 @@ class MockEngineCore:
         self.script = script or EngineScript()
         self.codec = resolve_codec(codec, profile)
         self.transcript = transcript if transcript is not None \
-            else Transcript(codec=self.codec)
+            else Transcript(codec=self.codec, retain=self.script.retain_transcript)
         self.dp_size = dp_size
         self.live: dict[str, _LiveRequest] = {}
         self.finished: set[str] = set()  # ids that got a final output
@@ -96,6 +97,10 @@ class MockEngineCore:
         self._finished_for_client: dict[int, list[str]] = {}
         self._step_counter = 0
         self._stats_only_due = False  # log_stats: one stats-only message once idle
+        # Load-generator mode: requests run in the pre-encoded stepper, not as scripts.
+        self.load: LoadStepper | None = (
+            LoadStepper(rank, self.codec, self.script.load, self.script.weight_version)
+            if self.script.load is not None else None)
 
     # ------------------------------------------------------------ registration
 
@@ -162,6 +167,10 @@ class MockEngineCore:
         self._went_idle()
 
     def _start(self, request: m.EngineCoreRequest, index: int, now: float) -> None:
+        if self.load is not None:
+            if not request.abort_immediately:
+                self.load.add(request, now)
+            return
         steps = self.script.steps_for(request, index)
         if request.abort_immediately or not steps:
             return
@@ -170,6 +179,9 @@ class MockEngineCore:
 
     def _on_abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
+            if self.load is not None and self.load.abort(rid):
+                self.aborted.add(rid)
+                continue
             live = self.live.pop(rid, None)
             waiting = self.sessions.pop(rid, None)
             request = live.request if live is not None else waiting
@@ -197,12 +209,21 @@ class MockEngineCore:
         if self.dead:
             return None
         times = [r.due for r in self.live.values()]
+        if self.load is not None:
+            due = self.load.due()
+            if due is not None:
+                times.append(due)
         if self._replies:
             times.append(self._replies[0].due)
         if self._outbox or self._finished_for_client or (self._stats_only_due
                                                           and not self.live):
             return 0.0
         return min(times) if times else None
+
+    def has_scripted_work(self) -> bool:
+        """Anything for `poll` beyond load-mode steps (replies, injections, scripts)."""
+        return bool(self.live or self._replies or self._outbox or self._finished_for_client
+                    or self._stats_only_due)
 
     def poll(self, now: float) -> list[Outgoing]:
         """Everything due at `now`: utility replies, then one engine step."""
@@ -397,7 +418,8 @@ class MockEngineCore:
         """(waiting, running) as a DP coordinator would publish them."""
         waiting, running = ((0, 0) if self.script.load_in_stats_only
                             else self.script.reported_load)
-        return waiting, len(self.live) + running
+        load = self.load.running if self.load is not None else 0
+        return waiting, len(self.live) + running + load
 
     def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
         frames = self.codec.encode_outputs(outputs)

@@ -35,7 +35,7 @@ class MockEngine:
         self.rank = rank
         self.script = script
         codec = resolve_codec(codec, profile)
-        self.transcript = Transcript(codec=codec)
+        self.transcript = Transcript(codec=codec, retain=script.retain_transcript)
         self.core = MockEngineCore(rank, script, codec=codec, transcript=self.transcript,
                                    dp_size=dp_size)
         self._ctx = ctx

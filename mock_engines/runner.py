@@ -29,10 +29,12 @@ from mock_engines.transcript import Record
 _MAX_POLL_MS = 1000  # defensive upper bound on any single sleep
 _DRAIN_BATCH = 256  # inputs read per wake before the engine takes a step
 _BUSY_CHECK_EVERY = 4  # while streaming, look at inputs and commands every N steps
+_LOAD_BURST = 16  # load mode: steps taken back to back between looks at inputs and commands
 COORDINATOR_READY_WAIT_S = 300.0  # engines wait minutes for the launcher (HANDSHAKE_TIMEOUT_MINS)
 # Plain ints: pyzmq's enum versions make `sock.get(EVENTS) & POLLIN` several times slower.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class EngineRunner:
         # (waiting, running), refreshed by the engine thread after every step: what other
         # threads (the mock DP coordinator) read instead of the thread-private core.
         self.load: tuple[int, int] = core.counts()
+        # Utilisation (load mode): seconds the thread spent waiting (poll, blocked sends).
+        self.idle_s = 0.0
+        self.native_id: int | None = None  # the thread's OS id (its CPU time in /proc)
+        self.registered_at: float | None = None  # monotonic time of the ready frame
+        self._idle_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"mock-engine-{core.rank}",
                                         daemon=True)
 
@@ -98,6 +105,13 @@ class EngineRunner:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def idle_snapshot(self) -> tuple[float, float]:
+        """(now, idle seconds so far): two snapshots give the busy fraction between them
+        (1 - idle / wall). Only load mode accounts idle time; a scripted engine reads 0."""
+        now = time.monotonic()
+        since = self._idle_since
+        return now, self.idle_s + (now - since if since is not None else 0.0)
 
     @property
     def alive(self) -> bool:
@@ -150,6 +164,7 @@ class EngineRunner:
             os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
+        self.native_id = threading.get_native_id()
         try:
             if isinstance(self.connection, Handshake):
                 inputs, outputs = self._handshake(self.connection)
@@ -169,7 +184,10 @@ class EngineRunner:
                                                        lambda: self._stop):
                         return
                     self._finish_handshake()
-                self._loop()
+                if self.core.load is not None:
+                    self._load_loop()
+                else:
+                    self._loop()
         except BaseException as exc:  # recorded for the report; never kills the harness
             self.failure = exc
         finally:
@@ -245,8 +263,12 @@ class EngineRunner:
             sock = make_socket(self.ctx, zmq.DEALER, identity=ident)
             sock.connect(addr)
             self._inputs.append(sock)
+        hwm = self.core.script.load.send_hwm if self.core.script.load is not None else 0
         for addr in outputs:
             sock = make_socket(self.ctx, zmq.PUSH, linger=1000)
+            if hwm > 0:
+                sock.setsockopt(zmq.SNDHWM, hwm)
+                sock.setsockopt(zmq.SNDTIMEO, 100)  # a blocked send still sees stop()
             sock.connect(addr)
             self._outputs.append(sock)
 
@@ -262,7 +284,8 @@ class EngineRunner:
         for _ in range(self.core.script.ready_repeats):
             for sock in self._inputs:
                 sock.send(payload)
-        self.core.record_ready(time.monotonic(), payload)
+        self.registered_at = time.monotonic()
+        self.core.record_ready(self.registered_at, payload)
         self.registered.set()
 
     def _loop(self) -> None:
@@ -299,6 +322,80 @@ class EngineRunner:
             for item in core.poll(monotonic()):
                 self._send(item)
             self.load = core.counts()
+
+    def _load_loop(self) -> None:
+        """The loop of a load-mode engine (mock_engines/loadgen.py): bursts of steps back
+        to back while requests run (inputs and commands are looked at between bursts),
+        everything else as in `_loop`; waits are counted as idle."""
+        core = self.core
+        load = core.load
+        assert load is not None
+        poller = self._make_poller()
+        monotonic = time.monotonic
+        send_load = self._send_load
+        events: dict[Any, int]
+        while not self._stop:
+            if self._sockets_changed:
+                poller = self._make_poller()
+            now = monotonic()
+            if load.client_of and load.next_due <= now:
+                for _ in range(_LOAD_BURST):
+                    for client, frame in load.step(now):
+                        send_load(client, frame)
+                    if not load.client_of:
+                        break
+                    now = monotonic()
+                    if load.next_due > now:
+                        break
+                events = self._ready_now()
+            else:
+                deadline = core.next_deadline()
+                timeout = (_MAX_POLL_MS if deadline is None  # a past deadline: no wait
+                           else max(0.0, min((deadline - now) * 1000.0, _MAX_POLL_MS)))
+                self._idle_since = now
+                events = dict(poller.poll(int(timeout)))
+                self._idle_since = None
+                now2 = monotonic()
+                self.idle_s += now2 - now
+                now = now2
+            if events:
+                if self._wake_r in events:
+                    self._run_commands()
+                    if self._stop:
+                        break
+                if self._reading:
+                    for sock in self._inputs:
+                        if sock in events:
+                            self._drain(sock)
+                if self.coordinator.sub is not None and self.coordinator.sub in events:
+                    self.coordinator.drain()
+            if core.has_scripted_work():
+                for item in core.poll(now):
+                    self._send(item)
+            self.load = core.counts()
+
+    def _send_load(self, client: int, frame: bytes) -> None:
+        outputs = self._outputs
+        if not 0 <= client < len(outputs):
+            if outputs:
+                self._fault(f"no output socket for client_index {client}; dropped")
+            return
+        sock = outputs[client]
+        try:
+            sock.send(frame, _NOBLOCK)
+        except zmq.Again:  # at the send HWM: the frontend is behind; waiting is idle time
+            start = time.monotonic()
+            self._idle_since = start
+            try:
+                while not self._stop:
+                    try:
+                        sock.send(frame)
+                        break
+                    except zmq.Again:
+                        continue
+            finally:
+                self._idle_since = None
+                self.idle_s += time.monotonic() - start
 
     def _ready_now(self) -> dict[Any, int]:
         events: dict[Any, int] = {}

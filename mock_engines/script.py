@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.wire import messages as m
+from mock_engines.loadgen import LoadMode
 
 # ----------------------------------------------------------------- output steps
 
@@ -238,6 +239,12 @@ class EngineScript:
     reported_load: tuple[int, int] = (0, 0)
     # True: reported_load appears only in scheduler_stats, never in the coordinator's counts.
     load_in_stats_only: bool = False
+    # Load-generator mode (benchmarks, mock_engines/loadgen.py): every request streams
+    # max_tokens one-token outputs, all running requests batched in one message per step;
+    # `rules` and `default` are not consulted.
+    load: LoadMode | None = None
+    # False (benchmarks): the transcript keeps counters, not records (conformance: True).
+    retain_transcript: bool = True
 
     def steps_for(self, request: m.EngineCoreRequest, index: int) -> list[Step]:
         for rule in self.rules:

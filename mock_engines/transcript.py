@@ -65,21 +65,62 @@ _RawOutput = tuple[float, int, tuple[bytes, ...]]
 
 
 @dataclass
+class TranscriptCounters:
+    """What a transcript kept in counters mode (benchmarks): totals, no records."""
+
+    records: int = 0
+    outputs: int = 0
+    adds: int = 0
+    abort_frames: int = 0
+    aborted_ids: int = 0
+    utility_calls: int = 0
+    protocol_errors: int = 0
+    last_abort_t: float = 0.0
+
+
+@dataclass
 class Transcript:
-    """Append-only record list with the queries conformance cases need."""
+    """Append-only record list with the queries conformance cases need.
+
+    `retain=False` (benchmarks only) keeps `counters` instead of records: the queries then
+    see an empty transcript, and a load of millions of messages costs no memory.
+    """
 
     records: list[Record | _RawOutput] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Decodes the raw outputs on first read: the codec of the run's protocol profile.
     codec: WireCodec = field(default=DEFAULT_CODEC, repr=False)
+    retain: bool = True
+    counters: TranscriptCounters = field(default_factory=TranscriptCounters)
 
     def append(self, record: Record) -> None:
+        if not self.retain:
+            self._count(record)
+            return
         with self._lock:
             self.records.append(record)
 
     def append_output(self, t: float, rank: int, frames: tuple[bytes, ...]) -> None:
         """Record an engine output message from its frames alone (the streaming hot path)."""
+        if not self.retain:
+            self.counters.outputs += 1
+            return
         self.records.append((t, rank, frames))  # list.append is atomic under the GIL
+
+    def _count(self, record: Record) -> None:
+        c = self.counters
+        c.records += 1
+        message = record.message
+        if record.error is not None:
+            c.protocol_errors += 1
+        elif isinstance(message, AddRequest):
+            c.adds += 1
+        elif isinstance(message, AbortRequests):
+            c.abort_frames += 1
+            c.aborted_ids += len(message.request_ids)
+            c.last_abort_t = record.t
+        elif isinstance(message, m.UtilityRequest):
+            c.utility_calls += 1
 
     def snapshot(self) -> list[Record]:
         with self._lock:
