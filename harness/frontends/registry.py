@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass
 
 from harness.frontends.driver import FrontendDriver
 
@@ -16,69 +17,82 @@ USAGE = ("reference, reference-subprocess, vllm-rs, vllm-rs@X, vllm-py, subproce
          "mutant:NAME, kv:NAME or ec:NAME")
 
 
+@dataclass(frozen=True)
+class FrontendSpec:
+    """A `--frontend` value, parsed once: its kind and what follows the prefix."""
+
+    text: str
+    kind: str  # a KNOWN name, or a prefix without its separator: "subprocess", "mutant", ...
+    argument: str = ""  # the command, mutant name, release or component unit
+
+
+def parse_spec(text: str) -> FrontendSpec:
+    """The one parser of frontend specs. ValueError carries the line a user needs."""
+    if text in KNOWN:
+        return FrontendSpec(text, text)
+    prefix = next((p for p in PREFIXES if text.startswith(p)), None)
+    if prefix is None:
+        raise ValueError(f"unknown frontend {text!r}: use {USAGE}")
+    argument = text[len(prefix):].strip()
+    if not argument:
+        raise ValueError(f"frontend {text!r} names nothing after {prefix!r}")
+    return FrontendSpec(text, prefix.rstrip(":@"), argument)
+
+
 def check_spec(spec: str) -> None:
     """Refuse a frontend spec before any case runs (cheap: imports no frontend).
 
     Raises ValueError with the one line a user needs to fix the command.
     """
-    if spec in KNOWN:
-        return
-    prefix = next((p for p in PREFIXES if spec.startswith(p)), None)
-    rest = spec[len(prefix):].strip() if prefix else ""
-    if prefix is None:
-        raise ValueError(f"unknown frontend {spec!r}: use {USAGE}")
-    if not rest:
-        raise ValueError(f"frontend {spec!r} names nothing after {prefix!r}")
-    if prefix == "subprocess:":
+    parsed = parse_spec(spec)
+    if parsed.kind == "subprocess":
         try:
-            shlex.split(rest)
+            shlex.split(parsed.argument)
         except ValueError as exc:
             raise ValueError(f"frontend {spec!r}: cannot split the command ({exc})") from None
-    if prefix == "vllm-rs@":
-        from harness.frontends.vllm_rs_releases import release_of
+    elif parsed.kind == "vllm-rs":
+        if parsed.argument:
+            from harness.frontends.vllm_rs_releases import release_of
 
-        release_of(spec)  # ReleaseSpecError is a ValueError with the one line
-    if prefix == "mutant:":
+            release_of(spec)  # ReleaseSpecError is a ValueError with the one line
+    elif parsed.kind == "mutant":
         from harness.frontends.mutants import MUTANTS
 
-        if rest not in MUTANTS:
-            raise ValueError(f"unknown mutant {rest!r}; known: {', '.join(sorted(MUTANTS))}")
+        if parsed.argument not in MUTANTS:
+            raise ValueError(f"unknown mutant {parsed.argument!r}; known: "
+                             f"{', '.join(sorted(MUTANTS))}")
 
 
 def make_driver(spec: str) -> FrontendDriver:
     """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-rs@X` (vLLM release X's
-    binary), `vllm-py`, `subprocess:CMD`, `mutant:NAME`."""
-    if spec == "reference":
+    binary), `vllm-py`, `subprocess:CMD`, `mutant:NAME`, `kv:`/`ec:` (component cases)."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "reference":
         from harness.frontends.reference import ReferenceDriver
 
         return ReferenceDriver()
-    if spec == "reference-subprocess":
+    if parsed.kind in ("reference-subprocess", "subprocess"):
         from harness.frontends.subprocess_driver import SubprocessDriver
 
-        return SubprocessDriver(REFERENCE_SUBPROCESS, name=spec)
-    if spec.startswith("subprocess:"):
-        from harness.frontends.subprocess_driver import SubprocessDriver
-
-        return SubprocessDriver(shlex.split(spec.split(":", 1)[1]), name=spec)
-    if spec == "vllm-rs":
+        command = (shlex.split(parsed.argument) if parsed.argument
+                   else REFERENCE_SUBPROCESS)
+        return SubprocessDriver(command, name=spec)
+    if parsed.kind == "vllm-rs":
         from harness.frontends.vllm_rs import VllmRsDriver
 
-        return VllmRsDriver()
-    if spec.startswith("vllm-rs@"):
-        from harness.frontends.vllm_rs import VllmRsDriver
+        if not parsed.argument:
+            return VllmRsDriver()
         from harness.frontends.vllm_rs_releases import release_of
 
         return VllmRsDriver(release=release_of(spec))
-    if spec == "vllm-py":
+    if parsed.kind == "vllm-py":
         from harness.frontends.vllm_py import VllmPyDriver
 
         return VllmPyDriver()
-    if spec.startswith(("kv:", "ec:")):  # component cases: no frontend involved
+    if parsed.kind in ("kv", "ec"):  # component cases: no frontend involved
         from harness.frontends.no_frontend import NoFrontend
 
         return NoFrontend(spec)
-    if spec.startswith("mutant:"):
-        from harness.frontends.mutants import make_mutant_driver
+    from harness.frontends.mutants import make_mutant_driver
 
-        return make_mutant_driver(spec.split(":", 1)[1])
-    raise ValueError(f"unknown frontend {spec!r}: use {USAGE}")
+    return make_mutant_driver(parsed.argument)  # the only kind left: "mutant"
