@@ -75,6 +75,10 @@ def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
      "driver broke the protocol: not JSON: b'INFO loaded 3 adapters\\n'",
      "injected stray stdout line mid-stream"),
     ("wrong_id_on:is_sleeping", Verdict.ERROR, "reply to unknown command id 1004", ""),
+    # A bug inside a handler is the program's fault (ERROR), not a missing command: it used
+    # to be caught with the AttributeError of an unknown command and graded UNSUPPORTED.
+    ("bug_on:is_sleeping", Verdict.ERROR, "driver exited (code 70) with no reply to "
+     "`is_sleeping` (id 4)", "internal error in `is_sleeping`"),
 ])
 def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, cause: str,
                                                  log: str) -> None:

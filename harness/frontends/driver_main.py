@@ -17,7 +17,8 @@ stderr at start),
 `old_protocol` (a first-release program: none of the later capabilities, and a plain
 "unknown command" error for later commands),
 `plain_unknown:CMD` (every capability declared, but CMD answered with a plain "unknown
-command" error).
+command" error), `bug_on:CMD` (CMD's handler raises an AttributeError: a bug of the program,
+which exits with code 70 -- never an "unsupported" answer).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from typing import Any
 
 from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHandle
@@ -113,21 +115,32 @@ class DriverProgram:
         if self._plain_unknown(cmd):
             self.emit({"id": cid, "ok": False, "error": f"unknown command {cmd!r}"})
             return
-        try:
-            value = await getattr(self, f"cmd_{cmd}")(msg)
-        except AttributeError:
+        handler = getattr(self, f"cmd_{cmd}", None)
+        if cmd in self.has("bug_on"):
+            handler = self.cmd_with_a_bug
+        if handler is None:  # only an unknown command is "unsupported", never a bug
             self.emit({"id": cid, "ok": False, "unsupported": True,
                        "error": f"unknown command {cmd!r}"})
             return
+        try:
+            value = await handler(msg)
         except FrontendError as exc:
             self.emit({"id": cid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
             return
         except asyncio.CancelledError:  # a `cancel` command: the harness gave up on it
             self.emit({"id": cid, "ok": False, "cancelled": True, "error": "cancelled"})
             return
+        except Exception:  # a bug of this program: say so and exit (the harness: ERROR)
+            log(f"internal error in `{cmd}`:\n{traceback.format_exc()}")
+            os._exit(70)  # EX_SOFTWARE
         self.emit({"id": cid, "ok": True, **(value or {})})
         if cmd == "shutdown":
             raise SystemExit(0)
+
+    async def cmd_with_a_bug(self, _msg: dict[str, Any]) -> None:
+        """`bug_on:CMD`: the handler of CMD has a bug (it used to read as "unsupported")."""
+        missing: Any = None
+        missing.attribute_that_is_not_there  # noqa: B018 - the injected AttributeError
 
     def track(self, cid: Any, task: asyncio.Task[None]) -> None:
         """Remember the handler of command `cid` while it runs (for `cancel`)."""
