@@ -1,4 +1,4 @@
-"""Stateful fuzzing of the frontend role (harness/stateful.py): proof that the suite bites.
+"""Stateful fuzzing of the frontend role (harness/stateful/): proof that the suite bites.
 
 * (a) The reference core survives random sessions: 200 examples by default (sans-IO);
   ``COREWIRE_STATEFUL_EXAMPLES=N`` overrides, and the "nightly" profile runs 5000 examples
