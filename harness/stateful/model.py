@@ -104,14 +104,8 @@ class WireModel:
     def on_add(self, handle: StreamHandle, send: Send, dp_rank: int | None,
                stop: Sequence[str] | None = None) -> None:
         identity, frames = send
-        owner = self.identities.get(bytes(identity))
-        if self.fe_dead:
-            self.fail("fail_fast_after_death", "generate was accepted after ENGINE_CORE_DEAD "
-                      "reached the frontend")
-        try:
-            message = DEFAULT_CODEC.decode_engine_input(frames)
-        except ProtocolError as exc:
-            self.fail("valid_frames", f"ADD does not decode: {exc}")
+        owner, message = self._take_sent("generate", identity, frames)
+        if message is None:
             return
         if not isinstance(message, AddRequest):
             self.fail("valid_frames", f"generate sent {type(message).__name__}, not an ADD")
@@ -119,8 +113,6 @@ class WireModel:
         rid = message.request.request_id
         if owner is None:
             self.fail("routing", f"ADD {rid} sent to unknown identity {bytes(identity).hex()}")
-        else:
-            self.sent_frames += 1
         if dp_rank is not None and owner != dp_rank:
             self.fail("routing", f"ADD {rid} with data_parallel_rank={dp_rank} went to "
                       f"engine {owner}")
@@ -216,6 +208,22 @@ class WireModel:
             else:
                 target.advance(Event.OUTPUT)
 
+    def _take_sent(self, context: str, identity: bytes, frames: Sequence[bytes]
+                   ) -> tuple[int | None, object | None]:
+        """One frame the core handed out: counted (known engine), flagged after death,
+        decoded. Returns (its engine's rank, the message; None if it does not decode)."""
+        rank = self.identities.get(bytes(identity))
+        if rank is not None:
+            self.sent_frames += 1
+        if self.fe_dead:
+            self.fail("fail_fast_after_death", f"{context} sent a frame to engine {rank} "
+                      "after ENGINE_CORE_DEAD reached the frontend")
+        try:
+            return rank, DEFAULT_CODEC.decode_engine_input(frames)
+        except ProtocolError as exc:
+            self.fail("valid_frames", f"{context} sent an undecodable frame: {exc}")
+            return rank, None
+
     def check_sends(self, context: str, sends: Sequence[Send], due: Sequence[str] | None,
                     optional: Sequence[str] = ()) -> collections.Counter[str]:
         """Check every frame a core call handed out; returns how often each id was aborted.
@@ -227,17 +235,7 @@ class WireModel:
         frames_per_rank: collections.Counter[int | None] = collections.Counter()
         carried: collections.Counter[str] = collections.Counter()
         for identity, frames in sends:
-            rank = self.identities.get(bytes(identity))
-            if rank is not None:
-                self.sent_frames += 1
-            if self.fe_dead:
-                self.fail("fail_fast_after_death", f"{context} sent a frame to engine {rank} "
-                          "after ENGINE_CORE_DEAD reached the frontend")
-            try:
-                message = DEFAULT_CODEC.decode_engine_input(frames)
-            except ProtocolError as exc:
-                self.fail("valid_frames", f"{context} sent an undecodable frame: {exc}")
-                continue
+            rank, message = self._take_sent(context, identity, frames)
             if not isinstance(message, AbortRequests):
                 continue
             frames_per_rank[rank] += 1
