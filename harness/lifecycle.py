@@ -10,8 +10,18 @@ vocabulary: a `Phase` per state of a request as the frontend owes it to the engi
 impossible event fails loudly instead of drifting.
 
 Role-agnostic on purpose: no sockets, no codec, no frontend or engine types. The fuzz model
-(harness/stateful/model.py) drives it today; see docs/architecture.md for what the mock
-engine and the reference core would map onto it.
+(harness/stateful/model.py) drives it today. To adopt it:
+
+* the reference core (harness/frontends/reference/core.py) would keep a `Phase` on each
+  `RequestState` instead of deriving it from membership of `requests`, `pending_drops` and
+  `stop_aborts`, and keep ended ids (bounded) so "abort of a finished id" is a table
+  lookup; each transition must stay inside the one small method a mutant overrides.
+* the mock engine (mock_engines/engine.py) would replace its live / finished / aborted
+  sets with one phase per id; it sees ADD, ABORT, its own final output and death, not DROP
+  or DRAIN. It needs an event for the ADD (a phase before OPEN) and must treat a
+  `LifecycleError` raised by what the frontend sent (a late ABORT, a duplicate ADD) as
+  the frontend's fault: recorded as evidence and otherwise ignored, as today, never a
+  crash. Resumable sessions would need phases of their own.
 """
 
 from __future__ import annotations
