@@ -76,7 +76,8 @@ def test_request_for_agrees_with_a_full_scan() -> None:
 
 def test_polling_request_for_never_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polling every stream's lookup costs no transcript copy at all, however long the
-    transcript: the count of snapshot calls stays 0 (it was 3 per lookup: one per engine)."""
+    transcript: the count of snapshot calls stays 0 (the full scan took a merged snapshot,
+    and one of every part under it, for each engine listed)."""
     group = _group()
     snapshots = 0
     plain, merged = Transcript.snapshot, MergedTranscript.snapshot
