@@ -7,6 +7,10 @@ death), how a utility call is registered and always unregistered, and what one a
 pass sends is protocol logic, not I/O: it lives here once, so the in-memory world cannot
 drift from the real one. A waiter is anything with asyncio.Future's three completion
 methods: the real transport passes futures, the in-memory one `SyncWaiter`.
+
+Status: the in-memory world uses this module; `ReferenceFrontend` still spells the same
+steps inline (call_all, _read_outputs, _drain_aborts, _fail_waiters) until
+harness/frontends/reference/ may change again, and then switches to it.
 """
 
 from __future__ import annotations

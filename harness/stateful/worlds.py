@@ -5,8 +5,8 @@
   both real state machines; the harness plays the sockets, so delivery itself is a rule
   (which engine's frames arrive next, when the drain pass runs, when virtual time
   advances) and hypothesis explores races deterministically. What the frontend does with
-  each message and each drain pass is the real frontend's own code (harness/frontends/
-  core_io.py), not a copy of it.
+  each message, each utility call and each drain pass comes from harness/frontends/
+  core_io.py, the module the real frontend's loop is meant to share (see its status).
 * `SocketWorld` (transport "sockets"): `ReferenceFrontend` + `EngineGroup` on real ZMQ
   sockets, one asyncio loop per example; interleavings come from real timing and every
   wait is bounded.
