@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.wire import messages as m
 from mock_engines.group import EngineGroup
-from mock_engines.script import Emit, Step, StepFactory
+from mock_engines.script import Emit, Step, StepFactory, endless
 
 
 def prompt(i: int) -> list[int]:
@@ -25,21 +24,21 @@ def hold(first_tokens: Sequence[int] = (100,), delay: float = 0.0) -> list[Step]
 
 
 def trickle(interval: float, count: int = 2000, first: int = 100) -> StepFactory:
-    """A long-running stream: one token every `interval` seconds, `count` at most."""
-
-    def make(_request: m.EngineCoreRequest) -> list[Step]:
-        return [Emit([first + i % 800], interval) for i in range(count)]
-
-    return make
+    """A long-running stream: one token every `interval` seconds, `count` at most
+    (the engine script's `endless`, with a bound cases can wait out)."""
+    return endless(interval, first, count)
 
 
 def request_for(group: EngineGroup, prompt_ids: Sequence[int]) -> tuple[int, str] | None:
-    """(owning rank, engine-side request id) of the ADD carrying this prompt, if any."""
-    want = list(prompt_ids)
-    for rank in range(len(group.engines)):
-        for req in group.transcript.adds(group.engines[rank].rank):
-            if req.prompt_token_ids == want:
-                return group.engines[rank].rank, req.request_id
+    """(owning rank, engine-side request id) of the ADD carrying this prompt, if any; the
+    lowest-listed engine's first one when several got it. Cases poll this every few ms
+    while hundreds of streams run, so it reads the transcript's prompt index, never a copy
+    of the transcript."""
+    hits = group.transcript.adds_with_prompt(prompt_ids)
+    for engine in group.engines:
+        for rank, request_id in hits:
+            if rank == engine.rank:
+                return rank, request_id
     return None
 
 

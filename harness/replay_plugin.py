@@ -1,6 +1,6 @@
 """pytest plugin: ``--replay FILE`` turns stateful replay files into test items.
 
-A failing stateful run (harness/stateful.py) leaves a JSON replay file under
+A failing stateful run (harness/stateful/) leaves a JSON replay file under
 ``reports/stateful/``; this plugin re-runs such files as ordinary pytest items, so a fix can
 be checked with ``pytest --replay reports/stateful/<file>.json``:
 
@@ -14,8 +14,9 @@ be checked with ``pytest --replay reports/stateful/<file>.json``:
 * Without path arguments, ``--replay`` runs only the replay items (the configured
   testpaths are deselected); with paths, both run.
 
-Importing this module also registers the hypothesis profile "nightly" (5000 examples), so
-``pytest --hypothesis-profile=nightly`` selects it once the plugin is loaded (entry point
+Loading this plugin registers the hypothesis profile "nightly" (5000 examples) at
+configure time, before hypothesis's own plugin reads ``--hypothesis-profile``, so
+``pytest --hypothesis-profile=nightly`` selects it (entry point
 ``corewire_replay = "harness.replay_plugin"``, or ``-p harness.replay_plugin``).
 To keep a replay as a regression case: ``python -m harness.stateful promote FILE``.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from harness import stateful  # registers the "nightly" hypothesis profile
+from harness import stateful
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,6 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--replay-core", default="reference", metavar="SPEC",
                     help="core to replay against: reference (default), mutant:NAME, "
                          "recorded (the core named in the file) or module:Attr")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the "nightly" profile before hypothesis's plugin loads the one asked for."""
+    stateful.register_profiles()
 
 
 class ReplayItem(pytest.Item):

@@ -97,11 +97,12 @@ def stream(tokens: Sequence[int], interval: float = 0.0,
     return steps
 
 
-def endless(interval: float, first_token: int = 100) -> StepFactory:
-    """A stream that never finishes on its own (for drops and aborts): a long token run."""
+def endless(interval: float, first_token: int = 100, count: int = 100_000) -> StepFactory:
+    """A stream that never finishes on its own (for drops and aborts): one token every
+    `interval` seconds, `count` at most, ids cycling within the tiny vocabulary."""
 
     def make(_request: m.EngineCoreRequest) -> list[Step]:
-        return [Emit([first_token + i % 800], interval) for i in range(100_000)]
+        return [Emit([first_token + i % 800], interval) for i in range(count)]
 
     return make
 

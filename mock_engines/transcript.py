@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,6 +92,10 @@ class Transcript:
     codec: WireCodec = field(default=DEFAULT_CODEC, repr=False)
     retain: bool = True
     counters: TranscriptCounters = field(default_factory=TranscriptCounters)
+    # prompt -> (rank, request id) of each ADD carrying it, in arrival order: cases look
+    # requests up by prompt while streams run, and a lookup must not copy the transcript.
+    _adds_by_prompt: dict[tuple[int, ...], list[tuple[int, str]]] = field(
+        default_factory=dict, repr=False)
 
     def append(self, record: Record) -> None:
         if not self.retain:
@@ -99,6 +103,11 @@ class Transcript:
             return
         with self._lock:
             self.records.append(record)
+            if record.direction == "in" and isinstance(record.message, AddRequest):
+                request = record.message.request
+                if request.prompt_token_ids is not None:
+                    self._adds_by_prompt.setdefault(tuple(request.prompt_token_ids), []
+                                                    ).append((record.rank, request.request_id))
 
     def append_output(self, t: float, rank: int, frames: tuple[bytes, ...]) -> None:
         """Record an engine output message from its frames alone (the streaming hot path)."""
@@ -152,6 +161,12 @@ class Transcript:
     def adds(self, rank: int | None = None) -> list[m.EngineCoreRequest]:
         return [r.message.request for r in self.select(rank=rank, direction="in",
                                                           kind=AddRequest)]
+
+    def adds_with_prompt(self, prompt: Sequence[int]) -> list[tuple[int, str]]:
+        """(rank, request id) of every ADD whose prompt is exactly `prompt`, in arrival
+        order: an index lookup, no snapshot (cases poll this while streams run)."""
+        with self._lock:
+            return list(self._adds_by_prompt.get(tuple(prompt), ()))
 
     def abort_frames(self, rank: int | None = None, since: float | None = None
                      ) -> list[Record]:
@@ -228,3 +243,6 @@ class MergedTranscript(Transcript):
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts)
+
+    def adds_with_prompt(self, prompt: Sequence[int]) -> list[tuple[int, str]]:
+        return [hit for part in self._parts for hit in part.adds_with_prompt(prompt)]

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from harness import stateful
 from harness.frontends.mutants import DuplicateAbort
 from harness.stateful import (
     REGRESSIONS_DIR,
@@ -24,6 +23,7 @@ from harness.stateful import (
     promote,
     regression_files,
     replay,
+    replays,
 )
 
 REGRESSIONS = regression_files()
@@ -79,7 +79,7 @@ def test_promotion_refuses_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing(*_args: object, **_kwargs: object) -> None:
         raise InvariantViolation("abort_exactly_once", "still broken")
 
-    monkeypatch.setattr(stateful, "replay_steps", failing)
+    monkeypatch.setattr(replays, "replay_steps", failing)
     with pytest.raises(ValueError, match="fails against the reference core"):
         promote(source, directory=tmp_path / "regressions")
     assert regression_files(tmp_path / "regressions") == []

@@ -1,4 +1,4 @@
-"""Stateful fuzzing of the frontend role (harness/stateful.py): proof that the suite bites.
+"""Stateful fuzzing of the frontend role (harness/stateful/): proof that the suite bites.
 
 * (a) The reference core survives random sessions: 200 examples by default (sans-IO);
   ``COREWIRE_STATEFUL_EXAMPLES=N`` overrides, and the "nightly" profile runs 5000 examples
@@ -16,6 +16,8 @@ A failure in (a) or (c) leaves a replay file in reports/stateful/ ($COREWIRE_STA
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,19 @@ def test_settings_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert stateful_settings().max_examples == 7
     assert stateful_settings(max_examples=3).max_examples == 3
 
+
+
+def test_importing_the_package_registers_no_profile() -> None:
+    """The "nightly" profile exists once asked for (register_profiles, the replay plugin's
+    configure hook, stateful_settings), never as a side effect of an import."""
+    code = ("import hypothesis, harness.stateful, harness.replay_plugin\n"
+            "try:\n    hypothesis.settings.get_profile('nightly')\n"
+            "except hypothesis.errors.InvalidArgument:\n    print('absent')\n"
+            "harness.stateful.register_profiles()\n"
+            "print(hypothesis.settings.get_profile('nightly').max_examples)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["absent", "5000"]
 
 
 @pytest.mark.timeout(max(120, int(EXAMPLES * 0.25)))  # a nightly run gets its time

@@ -1,0 +1,7 @@
+"""``python -m harness.stateful``: see harness/stateful/cli.py."""
+
+import sys
+
+from harness.stateful.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""Running the machine under hypothesis, and naming the core it runs against.
+
+A failing run leaves one replay file per minimal failure (replays.py) and says where on
+the exception, so the person reading the failure has a command to run next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import random
+from typing import Any
+
+import hypothesis
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness.frontends.reference.core import ReferenceFrontendCore
+from harness.frontends.reference.frontend import CoreFactory
+from harness.stateful.machine import FrontendMachine
+from harness.stateful.replays import write_replay
+from harness.stateful.settings import stateful_settings
+
+SEED_ENV = "COREWIRE_STATEFUL_SEED"
+
+
+def resolve_core(spec: str) -> CoreFactory:
+    """"reference", "mutant:NAME" (harness/frontends/mutants.py) or "package.module:Attr"."""
+    if spec in ("", "reference"):
+        return ReferenceFrontendCore
+    if spec.startswith("mutant:"):
+        from harness.frontends.mutants import MUTANTS
+
+        name = spec.split(":", 1)[1]
+        if name not in MUTANTS:
+            raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
+        return MUTANTS[name].core
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"core spec {spec!r}: expected reference, mutant:NAME or module:Attr")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target  # type: ignore[no-any-return]
+
+
+def _new_seed() -> int:
+    if os.environ.get(SEED_ENV):
+        return int(os.environ[SEED_ENV])
+    return random.SystemRandom().getrandbits(32)
+
+
+def run_stateful(core_factory: CoreFactory = ReferenceFrontendCore, *,
+                 transport: str = "sansio", settings: hypothesis.settings | None = None,
+                 seed: int | None = None,
+                 replay_directory: str | os.PathLike[str] | None = None) -> None:
+    """Run the machine under hypothesis; on failure write replay file(s), then re-raise.
+
+    The exception gets a note naming each replay file, and a `replay_files` attribute.
+    """
+    chosen = settings or stateful_settings()
+    run_seed = _new_seed() if seed is None else seed
+    failed: list[FrontendMachine] = []
+
+    def factory() -> FrontendMachine:
+        machine = FrontendMachine(core_factory, transport)
+        machine.on_failure = failed.append
+        return machine
+
+    try:
+        # Any callable returning a machine will do (hypothesis documents it); the stub says type.
+        seeded: Any = hypothesis.seed(run_seed)(factory)
+        run_state_machine_as_test(seeded, settings=chosen)
+    except BaseException as exc:
+        # Hypothesis re-runs each minimal failing example last: those are the newest failures.
+        reported = len(getattr(exc, "exceptions", None) or [exc])
+        paths = [write_replay(mach, seed=run_seed, settings=chosen, directory=replay_directory)
+                 for mach in failed[-reported:]]
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.replay_files = paths  # type: ignore[attr-defined]
+        for path in paths:
+            note = (f"corewire replay file: {path}  (re-run: python -m harness.stateful "
+                    f"replay {path}; promote: python -m harness.stateful promote {path})")
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+        raise
