@@ -11,6 +11,7 @@ import asyncio
 from harness.case_context import CaseContext, run_case
 from harness.casekit import prompt, request_for
 from harness.frontends.reference import ReferenceDriver
+from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore
 from harness.verdicts import CaseSpec, Level, Verdict
 from mock_engines.script import Emit, EngineScript, any_request
 
@@ -35,3 +36,26 @@ def test_first_output_deadline_sends_its_abort() -> None:
     driver = ReferenceDriver(frontend_kwargs={"first_output_deadline": 0.3})
     result = asyncio.run(run_case(SPEC, deadline_aborts_at_engine, driver))
     assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
+
+
+class _ReaderBugCore(ReferenceFrontendCore):
+    """The first engine output crashes the reader task (a bug in our own frontend)."""
+
+    def on_output(self, frames: list[bytes]) -> list[PendingUtility]:
+        raise RuntimeError("reader bug")
+
+
+async def stream_once(ctx: CaseContext) -> None:
+    await ctx.start([EngineScript(rules=[any_request([Emit([100])])])])
+    handle = await ctx.driver.generate(prompt(0), 1)
+    await handle.wait(ctx.t(1))
+
+
+def test_a_dead_reader_task_is_an_error_not_a_timeout() -> None:
+    """Hazard: _read_outputs died silently and close() swallowed its exception, so the case
+    ran into its bound (TIMEOUT). Now the driver reports the dead task: ERROR, named."""
+    spec = CaseSpec("failure.hazard.reader_crash", Level.MUST, "hazard", "tests")
+    driver = ReferenceDriver(core_factory=_ReaderBugCore)
+    result = asyncio.run(run_case(spec, stream_once, driver))
+    assert result.verdict is Verdict.ERROR, (result.verdict, result.message)
+    assert "_read_outputs died: RuntimeError: reader bug" in result.message, result.message

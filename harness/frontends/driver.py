@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 
 class Capability(str, enum.Enum):
@@ -180,7 +180,7 @@ class FrontendDriver(abc.ABC):
         return all(c in self.capabilities for c in needed)
 
     @abc.abstractmethod
-    async def start(self, group: EngineGroup, timeout: float) -> None:
+    async def start(self, group: EngineSide, timeout: float) -> None:
         """Bind (or own the handshake), start the group's engines, wait until serving."""
 
     @abc.abstractmethod

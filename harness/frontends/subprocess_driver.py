@@ -47,7 +47,7 @@ from harness.frontends.stderr_capture import StderrCapture
 from harness.timing import scaled
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 # Commands added after the first protocol release: an older driver program that answers
 # them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.
@@ -281,12 +281,12 @@ class SubprocessDriver(FrontendDriver):
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
             self._proc.stdin.write(encode_line({"id": cid, "cmd": cmd, **args}))
 
-    async def start(self, group: EngineGroup, timeout: float) -> None:
+    async def start(self, group: EngineSide, timeout: float) -> None:
         await self._spawn()
         assert self._workdir is not None
         reply = await self._command(
             "init", timeout=timeout, protocol=PROTOCOL, workdir=self._workdir.name,
-            engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group),
+            engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group.engines),
             stats_address=group.stats_address, timescale=scaled(1.0),
             **({"handshake": True} if group.handshake else {}),
             **({"coordinator": True} if group.coordinated else {}))

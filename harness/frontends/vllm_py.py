@@ -77,7 +77,7 @@ from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import tiny_model_dir
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 UTILITY_TIMEOUT = 60.0  # per call, before scaling: longer than any case bound (see docstring)
 ABORT_TIMEOUT = 10.0  # an abort only sends frames; it never waits for an engine
@@ -214,7 +214,7 @@ class VllmPyDriver(FrontendDriver):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, group: EngineGroup, timeout: float) -> None:
+    async def start(self, group: EngineSide, timeout: float) -> None:
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmPyDriver starts once")
         deadline = time.monotonic() + timeout

@@ -52,7 +52,7 @@ from harness.timing import scaled
 from harness.vllm_dist import tiny_model_dir
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 STARTUP_GRACE = 2.0  # seconds past the startup bound before a blocked start is a hang
 ABORT_JOIN_TIMEOUT = 10.0  # for the aborted constructor to unwind (coordinator included)
@@ -261,7 +261,7 @@ class HandshakeStartup:
         return llm
 
 
-async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> HandshakeStartup:
+async def start_owner(vllm: Any, group: EngineSide, timeout: float) -> HandshakeStartup:
     """Begin building AsyncLLM as the handshake owner and point the engines at it."""
     port = free_tcp_port()
     dp_size = len(group.engines)
@@ -273,6 +273,10 @@ async def start_owner(vllm: Any, group: EngineGroup, timeout: float) -> Handshak
         raise StartupError(f"could not build vLLM's handshake-mode config for {dp_size} "
                            f"engine(s): {_describe(exc)}") from exc
     if group.coordinated:  # engines started with the same config report its hash (MoE DP)
+        from mock_engines.group import EngineGroup
+        if not isinstance(group, EngineGroup):
+            raise StartupError("a frontend-owned DP coordinator is only scripted with mock "
+                               f"engines, not {type(group).__name__}")
         config_hash = config.parallel_config.compute_hash()
         for engine in group.engines:
             engine.script.parallel_config_hash = config_hash

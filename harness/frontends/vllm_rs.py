@@ -84,7 +84,7 @@ from harness.vocab import SPECIAL
 from harness.wire.profiles import ProtocolProfile, profile_for_release
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 STARTUP_LOG_LINES = 40
 DIAGNOSTIC_LOG_LINES = 60
@@ -212,7 +212,7 @@ class VllmRsDriver(FrontendDriver):
 
     # ------------------------------------------------------------------ process
 
-    def command(self, in_fd: int | str, out_fd: int | str, http_fd: int, group: EngineGroup,
+    def command(self, in_fd: int | str, out_fd: int | str, http_fd: int, group: EngineSide,
                 ready_timeout: int, grpc_fd: int | None = None) -> list[str]:
         """The exact command line (also what the report quotes), in the release's form:
         `in_fd`/`out_fd` are inherited listener fds (0.32+) or ipc addresses the binary binds
@@ -241,7 +241,7 @@ class VllmRsDriver(FrontendDriver):
             cmd += ["--coordinator-address", group.stats_address]
         return [*cmd, "--args-json", json.dumps(args, sort_keys=True)]
 
-    async def start(self, group: EngineGroup, timeout: float) -> None:
+    async def start(self, group: EngineSide, timeout: float) -> None:
         if group.coordinated:
             raise UnsupportedOperation(hs.NO_COORDINATOR)
         if group.handshake:
@@ -286,7 +286,7 @@ class VllmRsDriver(FrontendDriver):
         group.start_bootstrapped(["ipc://" + in_path], ["ipc://" + out_path])
         await self._wait_serving(deadline)
 
-    async def _start_handshake_owner(self, group: EngineGroup, timeout: float) -> None:
+    async def _start_handshake_owner(self, group: EngineSide, timeout: float) -> None:
         """`vllm-rs serve` owns HELLO / INIT / READY; the engines answer it (see
         vllm_rs_handshake.py)."""
         deadline = time.monotonic() + timeout

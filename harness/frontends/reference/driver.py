@@ -21,7 +21,7 @@ from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
 from harness.transport.endpoints import PrivateIpcDir
 
 if TYPE_CHECKING:
-    from mock_engines.group import EngineGroup
+    from harness.frontends.engine_side import EngineSide
 
 
 class ReferenceDriver(FrontendDriver):
@@ -45,7 +45,7 @@ class ReferenceDriver(FrontendDriver):
             raise RuntimeError("reference driver is not started")
         return self.frontend
 
-    async def start(self, group: EngineGroup, timeout: float) -> None:
+    async def start(self, group: EngineSide, timeout: float) -> None:
         self._ipc = PrivateIpcDir()
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
@@ -104,6 +104,10 @@ class ReferenceDriver(FrontendDriver):
     async def observed_config(self) -> ObservedConfig:
         cfg = self._fe().core.config
         return ObservedConfig(cfg.max_model_len, cfg.block_size, cfg.num_gpu_blocks)
+
+    def fault(self) -> str | None:
+        """A background task of the reference frontend that died: a harness fault (ERROR)."""
+        return None if self.frontend is None else self.frontend.task_failure
 
     async def shutdown(self) -> None:
         if self.frontend is not None:

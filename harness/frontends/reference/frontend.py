@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.core_io import UtilityWaiters, drain_pass, no_reply, take_output
+from harness.frontends.driver import StartupError, StreamHandle
 from harness.frontends.reference.coordinator import (
     CoordinatorError,
     Effect,
@@ -58,9 +59,12 @@ class ReferenceFrontend:
         self._coordinator: CoordinatorTransport | None = None
         self._addresses: tuple[list[str], list[str]] = ([], [])
         self._tasks: list[asyncio.Task[None]] = []
-        self._waiters: dict[int, asyncio.Future[PendingUtility]] = {}
+        self._waiters: UtilityWaiters[asyncio.Future[PendingUtility]] = UtilityWaiters()
         self._drop_signal = asyncio.Event()
         self._closed = False
+        # The first background task (reader, abort drain, monitor) that died of an exception:
+        # a harness fault the driver reports (the case is ERROR), never a silent TIMEOUT.
+        self.task_failure: str | None = None
 
     # ------------------------------------------------------------------ startup
 
@@ -111,11 +115,10 @@ class ReferenceFrontend:
                 raise StartupError(f"ready message must be [identity, payload], got "
                                    f"{len(frames)} frames")
             self.core.on_ready(frames[0], frames[1])
-        self._tasks = [asyncio.create_task(self._read_outputs()),
-                       asyncio.create_task(self._drain_aborts()),
-                       asyncio.create_task(self._watch_disconnects())]
+        self._tasks = [self._spawn(self._read_outputs()), self._spawn(self._drain_aborts()),
+                       self._spawn(self._watch_disconnects())]
         if self._stats is not None:
-            self._tasks.append(asyncio.create_task(self._read_dp_stats()))
+            self._tasks.append(self._spawn(self._read_dp_stats()))
 
     async def _run_handshake(self, deadline: float, timeout: float) -> None:
         """HELLO -> INIT per engine, their ready frames, then READY from every engine."""
@@ -189,7 +192,7 @@ class ReferenceFrontend:
             handle.finish("error", "no output within the first-output deadline")
             sends = self.core.abort([handle.request_id])  # the stream already ended: error
             if sends:
-                self._tasks.append(asyncio.create_task(self._send(sends)))
+                self._tasks.append(self._spawn(self._send(sends)))
 
     def drop(self, request_ids: Sequence[str]) -> None:
         self.core.queue_drop(request_ids)
@@ -202,21 +205,13 @@ class ReferenceFrontend:
 
     async def call_all(self, method: str, args: Sequence[Any]) -> list[Any]:
         """Fan out, wait (bounded) for every engine, return results in engine order."""
-        call, sends = self.core.start_utility(method, args)
         future: asyncio.Future[PendingUtility] = asyncio.get_running_loop().create_future()
-        key = id(call)
-        self._waiters[key] = future
-        try:
+        with self._waiters.call(self.core, method, args, future) as (call, sends):
             await self._send(sends)
             try:
                 await asyncio.wait_for(asyncio.shield(future), self.utility_timeout)
             except asyncio.TimeoutError:
-                raise FrontendError(f"utility {method}: no reply from engines "
-                                    f"{call.missing_ranks()} within "
-                                    f"{self.utility_timeout:.1f}s") from None
-        finally:
-            self._waiters.pop(key, None)
-            self.core.forget_utility(call)
+                raise no_reply(call, f"within {self.utility_timeout:.1f}s") from None
         return self.core.utility_values(call)
 
     async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
@@ -262,6 +257,21 @@ class ReferenceFrontend:
 
     # ------------------------------------------------------------------ tasks
 
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(
+            work, name=f"reference frontend {getattr(work, '__qualname__', 'task')}")
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A background task ended: if by an exception, record it and fail pending calls."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if self.task_failure is None:
+            self.task_failure = f"{task.get_name()} died: {type(exc).__name__}: {exc}"
+        self._waiters.fail_all(EngineDeadError(self.task_failure))
+
     async def _send(self, sends: Sequence[tuple[bytes, list[bytes]]]) -> None:
         assert self._router is not None
         for identity, frames in sends:
@@ -271,11 +281,7 @@ class ReferenceFrontend:
         assert self._pull is not None
         while True:
             frames = await self._pull.recv_multipart()
-            for call in self.core.on_output(frames):
-                waiter = self._waiters.get(id(call))
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(call)
-            if self.core.pending_drops:
+            if take_output(self.core, frames, self._waiters):
                 self._drop_signal.set()
             if self.core.dead is not None:
                 self._fail_waiters(self.core.dead)
@@ -296,8 +302,9 @@ class ReferenceFrontend:
             await self._drop_signal.wait()
             self._drop_signal.clear()
             await asyncio.sleep(0)  # let a burst of drops land before the pass
-            await self._send(self.core.drain_drops())
-            if self.core.pending_drops:
+            sends, more = drain_pass(self.core)
+            await self._send(sends)
+            if more:
                 self._drop_signal.set()
 
     async def _watch_disconnects(self) -> None:
@@ -326,9 +333,7 @@ class ReferenceFrontend:
     def _fail_waiters(self, error: EngineDeadError) -> None:
         if not self.fail_calls_on_death and not self._closed:
             return
-        for waiter in self._waiters.values():
-            if not waiter.done():
-                waiter.set_exception(error)
+        self._waiters.fail_all(error)
 
     # ------------------------------------------------------------------ close
 
@@ -341,7 +346,7 @@ class ReferenceFrontend:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await task  # an exception is already in task_failure (_task_done)
         self._fail_waiters(EngineDeadError("frontend closed"))
         if self._coordinator is not None:
             await self._coordinator.close()
