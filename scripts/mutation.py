@@ -214,12 +214,18 @@ def cmd_recheck(children: int) -> int:
     if not RUN_INFO.exists():
         print("no previous run in mutants/: use `scripts/mutation.py run`", file=sys.stderr)
         return 4
+    info: dict[str, Any] = json.loads(RUN_INFO.read_text())
+    # First the mutants without a verdict: those of functions changed since (mutmut resets
+    # them when it regenerates) and any new ones; mutmut skips every decided mutant.
+    code, changed = _mutmut(children, [])
+    if code != 0:
+        return code
     equivalent = load_equivalent()
     alive = [r.name for r in load_results()
              if r.status not in ("killed", "timeout") and r.key not in equivalent]
-    print(f"recheck: {len(alive)} mutants not killed by the last run")
-    info: dict[str, Any] = json.loads(RUN_INFO.read_text())
+    print(f"recheck: {len(alive)} mutants not killed so far")
     code, recheck = _mutmut(children, alive)
+    recheck["seconds"] += changed["seconds"]
     info.setdefault("rechecks", []).append({**recheck, "mutants": len(alive)})
     RUN_INFO.write_text(json.dumps(info))
     if code != 0:
@@ -272,11 +278,13 @@ def cmd_report() -> int:
                   + (f", commit {info['commit']}" if info.get("commit") else "") + ")."
                   + (f" {info['note']}" if info.get("note") else ""), ""]
         for again in info.get("rechecks", []):
-            lines += [f"Recheck (`scripts/mutation.py recheck`): the {again['mutants']} "
-                      f"mutants that run left alive, re-run against the suite of commit "
-                      f"{again['commit']}: {again['seconds']} s (finished {again['finished']}); "
-                      "every other verdict is the full run's (mutated sources unchanged, "
-                      "cases only added).", ""]
+            lines += [f"Recheck (`make mutation-recheck`) at commit {again['commit']}: "
+                      "first every mutant without a verdict (those of functions changed "
+                      "since the full run, which mutmut resets), then the "
+                      f"{again['mutants']} mutants still alive, against that commit's "
+                      f"suite: {again['seconds']} s (finished {again['finished']}). Every "
+                      "other verdict is the full run's: the code of its function is "
+                      "unchanged and cases were only added.", ""]
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
