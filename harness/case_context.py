@@ -19,14 +19,13 @@ from typing import Any
 
 from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
+from harness.report.excerpt import transcript_excerpt
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
-
-EXCERPT_RECORDS = 40
 
 
 class CaseContext:
@@ -204,7 +203,7 @@ def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | 
     try:
         records = group.transcript.snapshot()
         full = group.transcript.to_json(records)
-        result.evidence.transcript = full[-EXCERPT_RECORDS:]
+        result.evidence.transcript = transcript_excerpt(full)
         if directory:
             os.makedirs(directory, exist_ok=True)
             path = os.path.join(directory, transcript_file_name(result.case_id,
