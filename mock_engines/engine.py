@@ -416,10 +416,12 @@ class MockEngineCore:
 
     def counts(self) -> tuple[int, int]:
         """(waiting, running) as a DP coordinator would publish them."""
-        waiting, running = ((0, 0) if self.script.load_in_stats_only
-                            else self.script.reported_load)
-        load = self.load.running if self.load is not None else 0
-        return waiting, len(self.live) + running + load
+        waiting, running = scripted_load(self.script)
+        return waiting, self.live_count() + running
+
+    def live_count(self) -> int:
+        """Requests this engine is running: state of the engine's own thread."""
+        return len(self.live) + (self.load.running if self.load is not None else 0)
 
     def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
         frames = self.codec.encode_outputs(outputs)
@@ -430,6 +432,12 @@ class MockEngineCore:
                 message: Any = None, error: ProtocolError | None = None, note: str = "") -> None:
         self.transcript.append(Record(now, self.rank, direction, channel,
                                       tuple(bytes(f) for f in frames), message, error, note))
+
+
+def scripted_load(script: EngineScript) -> tuple[int, int]:
+    """(waiting, running) a script adds to what the engine runs (read from any thread: a
+    case may change it while the engine runs)."""
+    return (0, 0) if script.load_in_stats_only else script.reported_load
 
 
 def _delay(step: Step) -> float:

@@ -18,7 +18,7 @@ import zmq
 from harness.transport.sockets import make_socket
 from harness.wire import DEFAULT_CODEC, ProtocolProfile, WireCodec
 from harness.wire import messages as m
-from mock_engines.engine import MockEngineCore, resolve_codec
+from mock_engines.engine import MockEngineCore, resolve_codec, scripted_load
 from mock_engines.runner import Bootstrapped, Connection, EngineRunner, Handshake
 from mock_engines.script import EngineScript
 from mock_engines.transcript import MergedTranscript, Record, Transcript
@@ -47,10 +47,10 @@ class MockEngine:
 
     def load(self) -> tuple[int, int]:
         """(waiting, running) for the DP coordinator: the running engine thread's last
-        snapshot (only that thread touches the core), or the script's figures before start."""
-        if self.runner is None:  # nothing live yet: only what the script reports
-            return self.script.reported_load
-        return self.runner.load
+        count of live requests (only that thread touches the core) plus what the script adds."""
+        waiting, running = scripted_load(self.script)  # a case may change it any time
+        live = 0 if self.runner is None else self.runner.live_count
+        return waiting, live + running
 
     def _runner(self) -> EngineRunner:
         if self.runner is None:

@@ -79,9 +79,9 @@ class EngineRunner:
         # Handshake mode with a frontend-owned DP coordinator (addresses from INIT).
         self.init: m.EngineHandshakeMetadata | None = None
         self.coordinator = CoordinatorLink(core)
-        # (waiting, running), refreshed by the engine thread after every step: what other
-        # threads (the mock DP coordinator) read instead of the thread-private core.
-        self.load: tuple[int, int] = core.counts()
+        # Requests the engine runs, refreshed by the engine thread after every step: what
+        # other threads (the mock DP coordinator) read instead of the thread-private core.
+        self.live_count: int = core.live_count()
         # Utilisation (load mode): seconds the thread spent waiting (poll, blocked sends).
         self.idle_s = 0.0
         self.native_id: int | None = None  # the thread's OS id (its CPU time in /proc)
@@ -321,7 +321,7 @@ class EngineRunner:
                 self.coordinator.drain()
             for item in core.poll(monotonic()):
                 self._send(item)
-            self.load = core.counts()
+            self.live_count = core.live_count()
 
     def _load_loop(self) -> None:
         """The loop of a load-mode engine (mock_engines/loadgen.py): bursts of steps back
@@ -372,7 +372,7 @@ class EngineRunner:
             if core.has_scripted_work():
                 for item in core.poll(now):
                     self._send(item)
-            self.load = core.counts()
+            self.live_count = core.live_count()
 
     def _send_load(self, client: int, frame: bytes) -> None:
         outputs = self._outputs

@@ -653,16 +653,16 @@ def test_coordinator_binds_without_waiting_on_its_thread(frontend: FrontendSide)
 
 def test_coordinator_never_reads_an_engine_core_from_its_own_thread(
         frontend: FrontendSide, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hazard: the coordinator thread called MockEngineCore.counts(), state only the
-    engine's own thread may touch. Now it reads the runner's snapshot."""
+    """Hazard: the coordinator thread called MockEngineCore.counts(), which reads the live
+    requests only the engine's own thread may touch. Now it reads the runner's snapshot."""
     callers: set[str] = set()
-    real_counts = MockEngineCore.counts
+    real_live_count = MockEngineCore.live_count
 
-    def counting(core: MockEngineCore) -> tuple[int, int]:
+    def counting(core: MockEngineCore) -> int:
         callers.add(threading.current_thread().name)
-        return real_counts(core)
+        return real_live_count(core)
 
-    monkeypatch.setattr(MockEngineCore, "counts", counting)
+    monkeypatch.setattr(MockEngineCore, "live_count", counting)
     addr = frontend.ipc.address("stats")
     sub = make_socket(frontend.ctx, zmq.SUB)
     try:
@@ -674,5 +674,5 @@ def test_coordinator_never_reads_an_engine_core_from_its_own_thread(
                 assert frontend.recv(sub) is not None
     finally:
         sub.close(0)
-    assert callers, "counts() was never called"
+    assert callers, "live_count() was never called"
     assert not any(name.startswith("mock-dp-coordinator") for name in callers), callers
