@@ -78,6 +78,14 @@ def test_classify_refused_works_and_garbage_against_the_matched_run() -> None:
         "dp.is_sleeping.disagree_reversed": "FAIL"}), matched)
     assert later is not None and later.kind is Kind.GARBAGE
     assert later.detail.startswith("streaming.finish_kinds.length_2_engines TIMEOUT")
+    decode = rows("vllm-rs@0.22.1", **{"dp.is_sleeping.disagree_reversed": "FAIL"})
+    decode[0] = {**decode[0], "verdict": "FAIL", "message": (
+        "expected request on engine 0 completes with 3 tokens; observed error [] error=engine-"
+        "core error: messagepack decode failed for vllm_engine_core_client::protocol::"
+        "EngineCoreOutputs: array had incorrect length, expected 14; value fallback: [0, []]")}
+    assert classify(decode, matched) == Outcome(Kind.GARBAGE, (
+        "handshake.register.all_engines FAIL: error [] error=engine-core error: messagepack "
+        "decode failed for EngineCoreOutputs: array had incorrect length, expected 14"))
     # A case passing where the matched run failed is a difference too.
     assert classify(rows("vllm-rs@0.22.1"), matched) is not None
     assert classify(rows("vllm-rs@0.22.1"), matched).kind is Kind.GARBAGE  # type: ignore[union-attr]

@@ -119,8 +119,9 @@ def classify(rows: Sequence[Mapping[str, Any]],
         ok = (row["verdict"] == want if want is not None
               else row["verdict"] in ("PASS", "NON-STRICT", "INFO", "UNSUPPORTED"))
         if not ok:
-            return Outcome(Kind.GARBAGE,
-                           f"{case_id} {row['verdict']}: {first_line(str(row['message']))}")
+            # "expected ...; observed ..." messages: what was observed says what broke.
+            observed = str(row["message"]).split("; observed ", 1)[-1]
+            return Outcome(Kind.GARBAGE, f"{case_id} {row['verdict']}: {first_line(observed)}")
     return Outcome(Kind.WORKS)
 
 
