@@ -129,9 +129,11 @@ def test_skew_section_grid_notes_and_upgrade_directions() -> None:
     assert any(line.startswith("1. garbage later: streaming.finish_kinds.length_2_engines "
                                "TIMEOUT") for line in lines)
     assert ("- Frontends first (newer frontend, older engines): 0 of 1 combinations work, "
-            "1 are refused at startup, 0 break later.") in lines
+            "1 are refused at startup, 0 break later. Every mismatch is refused before serving: "
+            "it fails safe.") in lines
     assert ("- Engines first (older frontend, newer engines): 0 of 1 combinations work, "
-            "0 are refused at startup, 1 break later.") in lines
+            "0 are refused at startup, 1 break later. A mismatch starts serving and then fails "
+            "requests: it fails late.") in lines
     assert "- vllm-rs@0.22.1 works with engines of: 0.22.1." in lines
     assert "## Version skew" not in render_history({"0.23.0": run("0.23.0", {"a.b": "PASS"})})
 

@@ -201,8 +201,12 @@ def render_skew(skew: SkewRuns) -> list[str]:
                         ("Engines first (older frontend, newer engines)", newer_engines)):
         works = sum(grid[k].kind is Kind.WORKS for k in keys)
         refused = sum(grid[k].kind is Kind.REFUSED for k in keys)
+        later = len(keys) - works - refused
+        verdict = ("" if not refused + later else
+                   " Every mismatch is refused before serving: it fails safe." if not later else
+                   " A mismatch starts serving and then fails requests: it fails late.")
         lines.append(f"- {label}: {works} of {len(keys)} combinations work, {refused} are "
-                     f"refused at startup, {len(keys) - works - refused} break later.")
+                     f"refused at startup, {later} break later.{verdict}")
     lines.append("")
     for frontend in frontends:
         ok = [p for p in profiles if (frontend, p) in grid
