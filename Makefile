@@ -65,6 +65,7 @@ profiles: $(CORE_STAMP)
 # 0.22.0 ... 0.33.0 (binaries fetched once by range requests into the cache; ~80 s a release).
 history: $(CORE_STAMP)
 	$(BIN)/python scripts/history.py -n $(XDIST)
+	$(BIN)/python scripts/history.py --skew -n $(XDIST)
 
 # Regenerate docs/compliance.md: every case against every frontend, real vLLM included.
 compliance: $(VLLM_STAMP)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontends.vllm_rs_releases import parse_version
+from harness.report.skew import SkewRuns, render_skew
 
 SHORT = {"PASS": "P", "NON-STRICT": "NS", "INFO": "I", "UNSUPPORTED": "-", "FAIL": "**F**",
          "ERROR": "**E**", "TIMEOUT": "**T**"}
@@ -58,8 +59,9 @@ def changes(verdicts: Sequence[str | None], releases: Sequence[str]) -> list[tup
     return out
 
 
-def render_history(runs: Mapping[str, dict[str, Any]]) -> str:
-    """`runs`: release -> its results.json document (rows for frontend `vllm-rs@release`)."""
+def render_history(runs: Mapping[str, dict[str, Any]], skew: SkewRuns | None = None) -> str:
+    """`runs`: release -> its results.json document (rows for frontend `vllm-rs@release`);
+    `skew`: the version-skew grid's rows (harness/report/skew.py), a section of its own."""
     releases = sorted(runs, key=parse_version)
     table: dict[str, dict[str, str]] = {}
     levels: dict[str, str] = {}
@@ -110,6 +112,8 @@ def render_history(runs: Mapping[str, dict[str, Any]]) -> str:
             notes.append(f"{release} {what}{link}")
         lines.append(f"| {case_id} | {levels[case_id]} | " + " | ".join(cells)
                      + f" | {'; '.join(notes)} |")
+    if skew:
+        lines += ["", *render_skew(skew)]
     return "\n".join(lines) + "\n"
 
 
