@@ -190,6 +190,7 @@ def merge_junit(paths: list[str], out_path: str) -> bool:
     totals = {"errors": 0, "failures": 0, "skipped": 0, "tests": 0}
     seconds = 0.0
     template: ET.Element | None = None
+    root_attrib: dict[str, str] = {}
     for path in paths:
         if not os.path.exists(path):
             continue
@@ -198,6 +199,8 @@ def merge_junit(paths: list[str], out_path: str) -> bool:
         except (OSError, ET.ParseError) as exc:
             raise MergeError(f"{path}: unreadable JUnit XML ({exc})") from None
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        if root.tag == "testsuites" and not root_attrib:
+            root_attrib = dict(root.attrib)
         for suite in suites:
             template = template if template is not None else suite
             for key in totals:
@@ -211,9 +214,9 @@ def merge_junit(paths: list[str], out_path: str) -> bool:
     suite.set("time", f"{seconds:.3f}")
     for case in sorted(cases, key=lambda c: (c.get("classname", ""), c.get("name", ""))):
         suite.append(case)
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(out_path, encoding="utf-8", xml_declaration=True)
+    merged = ET.Element("testsuites", root_attrib)
+    merged.append(suite)
+    ET.ElementTree(merged).write(out_path, encoding="utf-8", xml_declaration=True)
     return True
 
 
