@@ -301,7 +301,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "shard": None if this_shard is None else [this_shard.index, this_shard.count],
         "selection": shard.selection_meta(config),
         "failing": {f"{case}[{frontend}]": why
-                    for (case, frontend), why in sorted(_FAILING.items())}}
+                    for (case, frontend), why in sorted(_FAILING.items())},
+        # Errors outside any case (a leak found at session end) fail the run too.
+        "failed_outside_cases": max(0, session.testsfailed - len(_FAILING))}
     write_reports(results, report_dir, _profile(config), partial, run_meta)
     if config.getoption("update_baseline") and partial is None:
         Baseline.from_results(results).save(config.getoption("baseline"))
@@ -334,7 +336,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if _is_worker(config):
         return
     if not results and partial is None:
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        this_shard = shard.configured_shard(config)
+        selected = getattr(config, "_corewire_counts", (0, 0))[0]
+        if this_shard is not None and selected:
+            terminalreporter.write_line(f"corewire: shard {this_shard} drew none of the "
+                                        f"selection's {selected} items; its empty report "
+                                        f"is written for `corewire merge`")
+        elif exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
                                         "matched no case")
         return

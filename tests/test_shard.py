@@ -157,6 +157,13 @@ def test_merge_regrades_against_a_baseline(runs: dict[str, Any], tmp_path: Path)
                 "--report-dir", str(tmp_path / "merged"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(baselined)" in proc.stdout
+    # An error outside any case in one shard (a leak found at its session end) still
+    # fails the merged run, as it failed that shard.
+    leaky = _edit(base / "s2", tmp_path / "s2", failed_outside_cases=1)
+    proc = _cli("merge", str(base / "s1"), str(leaky), str(base / "s3"), "--baseline",
+                str(path), "--report-dir", str(tmp_path / "merged2"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"shard 2/3 ({leaky}): 1 error(s) outside any case" in proc.stdout
 
 
 def _edit(src: Path, dst: Path, **meta: Any) -> Path:
@@ -216,5 +223,6 @@ def test_an_empty_shard_passes_and_still_writes_its_report(tmp_path: Path) -> No
     proc = _cli("run", "-n", "0", "-k", "abort.drop.single", "--shard", f"{index}/2",
                 "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"shard {index}/2 drew none of the selection's 1 items" in proc.stdout
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["results"] == [] and doc["meta"]["shard"] == [index, 2]

@@ -59,6 +59,7 @@ class Merged:
     exit_code: int
     failing: dict[str, str] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
+    outside: dict[str, int] = field(default_factory=dict)  # shard -> errors outside cases
 
 
 def load_shard(directory: str) -> ShardRun:
@@ -246,11 +247,14 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
     results.sort(key=lambda r: (r.case_id, r.frontend))
     failing = _failing(runs, results, baseline)
     reasons = _partial_reasons(runs)
+    outside = {r.label(): int(r.doc["meta"].get("failed_outside_cases") or 0) for r in runs}
+    outside = {label: count for label, count in outside.items() if count}
     meta = dict(runs[0].doc["meta"])
     meta.pop("partial_reason", None)
     meta.update({"shard": None, "partial": bool(reasons),
                  "merged_from": [{"dir": r.directory, "shard": list(r.shard)} for r in runs],
-                 "selection": _merged_selection(runs), "failing": failing})
+                 "selection": _merged_selection(runs), "failing": failing,
+                 "failed_outside_cases": sum(outside.values())})
     if reasons:
         meta["partial_reason"] = "; ".join(reasons)
     doc = {"meta": meta, "results": [r.to_json() for r in results]}
@@ -260,13 +264,13 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
         paths["junit"] = junit
     if reasons:
         code = EXIT_INTERRUPTED
-    elif failing:
+    elif failing or outside:
         code = EXIT_FAILURE
     elif not results:
         code = EXIT_NO_CASE
     else:
         code = EXIT_PASS
-    return Merged(doc, code, failing, paths)
+    return Merged(doc, code, failing, paths, outside)
 
 
 def _merged_selection(runs: list[ShardRun]) -> dict[str, Any]:
@@ -300,5 +304,8 @@ def summary_lines(merged: Merged) -> list[str]:
             else row.get("message", "")
         line = f"{row['verdict']:<11} {name}{flag}: {why}"
         lines.append(line.splitlines()[0][:200])
+    for label, count in merged.outside.items():
+        lines.append(f"ERROR       {label}: {count} error(s) outside any case (e.g. a leak "
+                     f"found at session end); see that shard's junit.xml")
     lines.append("reports: " + ", ".join(merged.paths.values()))
     return lines
