@@ -226,3 +226,23 @@ def test_an_empty_shard_passes_and_still_writes_its_report(tmp_path: Path) -> No
     assert f"shard {index}/2 drew none of the selection's 1 items" in proc.stdout
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["results"] == [] and doc["meta"]["shard"] == [index, 2]
+
+
+def test_a_frontend_by_shard_matrix_merges_in_one_call(runs: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    """The README's CI matrix: one frontend per job, each split (or not) on its own."""
+    dirs = []
+    for frontend, shards in (("reference", ["1/2", "2/2"]), (SLEEPY, [None])):
+        for shard in shards:
+            out = tmp_path / f"{frontend.replace(':', '-')}-{(shard or '1/1').replace('/', '-')}"
+            proc = _cli("run", "-n", "0", "-k", "dp.is_sleeping", "--frontend", frontend,
+                        *(["--shard", shard] if shard else []), "--report-dir", str(out))
+            assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+            dirs.append(str(out))
+    proc = _cli("merge", *dirs, "--report-dir", str(tmp_path / "merged"))
+    assert proc.returncode == runs["codes"]["full"], proc.stdout + proc.stderr
+    assert _rows(tmp_path / "merged") == _rows(runs["base"] / "full")
+    proc = _cli("merge", *dirs[1:], "--report-dir", str(tmp_path / "merged"))
+    assert proc.returncode == 4
+    assert "missing shard 1/2 of the selection --frontend reference -k 'dp.is_sleeping'" \
+        in proc.stderr
