@@ -1,6 +1,7 @@
 """`corewire` command: run the suites, compare runs, re-render reports.
 
     corewire run [--frontend F ...] [-k EXPR] [-n N] [--baseline FILE] [-- PYTEST ARGS]
+    corewire merge DIR... [--report-dir OUT] [--baseline FILE]
     corewire diff OLD.json NEW.json
     corewire report RESULTS.json [--out report.html]
     corewire compliance RESULTS.json [--baseline FILE] [--out docs/compliance.md]
@@ -12,6 +13,8 @@ Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL 
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
 4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
 every command exits 4 with one line (no traceback) on unreadable or malformed input.
+`merge` exits with the code the unsharded run would have had (4: the inputs are not the
+shards of one run).
 The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes there too).
 """
 
@@ -58,6 +61,14 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         argv += ["--update-baseline"]
     if args.timescale:
         argv += ["--timescale", str(args.timescale)]
+    if args.shard:
+        from harness.shard import ShardSpecError, parse_shard
+
+        try:
+            parse_shard(args.shard)
+        except ShardSpecError as exc:
+            raise UsageError(str(exc)) from None
+        argv += ["--shard", args.shard]
     if args.profile:
         from harness.wire.profiles import UnknownProfileError, get_profile
 
@@ -125,6 +136,24 @@ def _diff(args: argparse.Namespace) -> int:
     transitions = diff_results(load_results(args.old), load_results(args.new))
     print(format_diff(transitions))
     return 1 if any(t.regression for t in transitions) else 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from harness.baseline import Baseline, BaselineError
+    from harness.report.merge import MergeError, merge_runs, summary_lines
+
+    baseline = None
+    if args.baseline:
+        try:
+            baseline = Baseline.load(args.baseline)
+        except (OSError, BaselineError, ValueError) as exc:
+            raise UsageError(f"--baseline {args.baseline}: {exc}") from None
+    try:
+        merged = merge_runs(args.dirs, args.report_dir, baseline)
+    except MergeError as exc:
+        raise UsageError(str(exc)) from None
+    print("\n".join(summary_lines(merged)))
+    return merged.exit_code
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -266,6 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--profile",
                      help="protocol profile the mock engines speak, e.g. vllm-0.23.0 "
                           "(default vllm-0.33; see `corewire profiles`)")
+    run.add_argument("--shard", metavar="I/N",
+                     help="run only shard I of N (1-based; a stable hash of case id and "
+                          "frontend); join the shards' report dirs with `corewire merge`")
+    merge = sub.add_parser("merge", help="join the report dirs of a sharded run (--shard) "
+                                         "into one report set and one exit code")
+    merge.add_argument("dirs", nargs="+", metavar="DIR",
+                       help="report dirs of the shards (any frontend x shard matrix)")
+    merge.add_argument("--report-dir", default="reports",
+                       help="where the merged junit.xml, results.json, report.html and "
+                            "transcripts go (not one of the inputs)")
+    merge.add_argument("--baseline",
+                       help="re-grade the merged verdicts against this baseline (default: "
+                            "as each shard graded them)")
     prof = sub.add_parser("profiles", help="list the protocol profiles (one per vLLM release)")
     prof.add_argument("--json", action="store_true", help="machine-readable")
     bench = sub.add_parser("bench", help="measure frontends under load (mock engines as a "
@@ -296,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--out", help="the markdown file (default: stdout)")
     args = parser.parse_args(argv)
     commands = {"run": lambda: _run(args, extra), "diff": lambda: _diff(args),
-                "compliance": lambda: _compliance(args), "report": lambda: _report(args),
+                "compliance": lambda: _compliance(args), "merge": lambda: _merge(args),
+                "report": lambda: _report(args),
                 "profiles": lambda: _profiles(args), "bench": lambda: _bench(args)}
     try:
         return commands[args.command]()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness import interrupts, selection
+from harness import interrupts, selection, shard
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
 from harness.report.evidence import evidence_text
@@ -46,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "`corewire profiles` lists them)")
     group.addoption("--update-baseline", action="store_true",
                     help="rewrite --baseline from this run's non-PASS verdicts (unfiltered runs)")
+    group.addoption("--shard", default=None, metavar="I/N",
+                    help="run only shard I of N (1-based): a stable hash of case id and "
+                         "frontend picks each item's shard; `corewire merge` joins them")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,6 +91,7 @@ def _check_usage(config: pytest.Config) -> None:
             get_profile(name)
         except UnknownProfileError as exc:
             raise pytest.UsageError(f"--profile: {exc}") from None
+    shard.configured_shard(config)
     timescale = config.getoption("timescale")
     if timescale is not None and not timescale > 0:
         raise pytest.UsageError(f"--timescale must be a positive factor, got {timescale}")
@@ -108,7 +112,8 @@ def _terminal_is_ours(config: pytest.Config) -> None:
 def _filtered(config: pytest.Config) -> bool:
     return bool(config.getoption("keyword") or config.getoption("markexpr")
                 or any("::" in arg for arg in config.args)
-                or config.getoption("lf", False) or config.getoption("deselect", None))
+                or config.getoption("lf", False) or config.getoption("deselect", None)
+                or config.getoption("shard", None))
 
 
 def _profile(config: pytest.Config) -> ProtocolProfile | None:
@@ -216,6 +221,15 @@ def pytest_testnodeready(node: Any) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config) -> None:
     selection.deselect_by_keyword(items, config)
+    shard.deselect_other_shards(items, config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: the selection sizes a worker counted (each worker collects all)."""
+    counts = getattr(node, "workeroutput", {}).get("corewire_counts")
+    if counts is not None:
+        node.config._corewire_counts = tuple(counts)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -273,13 +287,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     results: list[CaseResult] = config._corewire_results  # type: ignore[attr-defined]
     partial = _partial_reason(exitstatus)
     config._corewire_partial = partial  # type: ignore[attr-defined]
-    if not results and partial is None:
+    this_shard = shard.configured_shard(config)
+    if this_shard is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED \
+            and getattr(config, "_corewire_counts", (0, 0))[0] > 0:
+        session.exitstatus = pytest.ExitCode.OK  # the selection ran, just not here
+    if not results and partial is None and this_shard is None:
         return
     from harness.report.writer import write_reports
 
     results.sort(key=lambda r: (r.case_id, r.frontend))
     report_dir = config.getoption("report_dir")
-    write_reports(results, report_dir, _profile(config), partial)
+    run_meta: dict[str, Any] = {
+        "shard": None if this_shard is None else [this_shard.index, this_shard.count],
+        "selection": shard.selection_meta(config),
+        "failing": {f"{case}[{frontend}]": why
+                    for (case, frontend), why in sorted(_FAILING.items())},
+        # Errors outside any case (a leak found at session end) fail the run too.
+        "failed_outside_cases": max(0, session.testsfailed - len(_FAILING))}
+    write_reports(results, report_dir, _profile(config), partial, run_meta)
     if config.getoption("update_baseline") and partial is None:
         Baseline.from_results(results).save(config.getoption("baseline"))
 
@@ -311,7 +336,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if _is_worker(config):
         return
     if not results and partial is None:
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        this_shard = shard.configured_shard(config)
+        selected = getattr(config, "_corewire_counts", (0, 0))[0]
+        if this_shard is not None and selected:
+            terminalreporter.write_line(f"corewire: shard {this_shard} drew none of the "
+                                        f"selection's {selected} items; its empty report "
+                                        f"is written for `corewire merge`")
+        elif exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
                                         "matched no case")
         return

@@ -26,11 +26,14 @@ def run_metadata(profile: ProtocolProfile | None = None) -> dict[str, Any]:
 
 
 def results_document(results: list[CaseResult], profile: ProtocolProfile | None = None,
-                     partial: str | None = None) -> dict[str, Any]:
+                     partial: str | None = None,
+                     run_meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """`partial`: why the run stopped early (e.g. "interrupted by SIGINT"); the document
-    then holds only the cases that finished, and says so (meta.partial)."""
+    then holds only the cases that finished, and says so (meta.partial). `run_meta`:
+    the shard, the selection and the items failing the run (what `corewire merge` reads)."""
     ordered = sorted(results, key=lambda r: (r.case_id, r.frontend))
     meta = run_metadata(profile)
+    meta.update(run_meta or {})
     meta["partial"] = partial is not None
     if partial is not None:
         meta["partial_reason"] = partial
@@ -39,10 +42,17 @@ def results_document(results: list[CaseResult], profile: ProtocolProfile | None 
 
 def write_reports(results: list[CaseResult], report_dir: str,
                   profile: ProtocolProfile | None = None,
-                  partial: str | None = None) -> dict[str, str]:
+                  partial: str | None = None,
+                  run_meta: dict[str, Any] | None = None) -> dict[str, str]:
     """Write JSON and HTML; returns their paths."""
     os.makedirs(report_dir, exist_ok=True)
-    doc = results_document(results, profile, partial)
+    doc = results_document(results, profile, partial, run_meta)
+    return write_document(doc, report_dir)
+
+
+def write_document(doc: dict[str, Any], report_dir: str) -> dict[str, str]:
+    """Write a results document as results.json and report.html; returns their paths."""
+    os.makedirs(report_dir, exist_ok=True)
     json_path = os.path.join(report_dir, "results.json")
     with open(json_path, "w") as fh:
         json.dump(doc, fh, indent=1)
