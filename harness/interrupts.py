@@ -32,6 +32,7 @@ class _State:
     interrupted_by: str | None = None
     case: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
     worker_pids: set[int] = set()
+    owner_pid: int = 0  # the process that installed the handlers (not a forked child)
 
 
 def interrupted_by() -> str | None:
@@ -40,6 +41,13 @@ def interrupted_by() -> str | None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if os.getpid() != _State.owner_pid:
+        # A forked child inherited the handler (vLLM forks its DP coordinator): the signal
+        # is its own, so it gets the default action. Kept, a child would ignore SIGTERM and
+        # its parent wait out a shutdown bound (5 s for vLLM's coordinator).
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if _State.interrupted_by is not None:  # the same interrupt again: already stopping
         return
     _State.interrupted_by = signal.Signals(signum).name
@@ -61,6 +69,7 @@ def install() -> None:
     if _State.installed or threading.current_thread() is not threading.main_thread():
         return
     _State.interrupted_by = None
+    _State.owner_pid = os.getpid()
     for sig in SIGNALS:
         _State.installed[sig] = signal.signal(sig, _on_signal)
 

@@ -137,3 +137,32 @@ def test_interrupt_keeps_finished_verdicts_and_leaves_nothing(
         assert not leftover, f"ipc dirs left: {leftover}"
     finally:
         run.kill_everything()
+
+
+def test_a_forked_child_takes_sigterm_by_default() -> None:
+    """Hazard: a child forked after install (vLLM forks its DP coordinator) inherited our
+    handler, ignored SIGTERM and made its parent wait out a 5 s shutdown bound."""
+    from harness import interrupts
+
+    interrupts.install()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: wait to be terminated
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child ignored SIGTERM")
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert interrupts.interrupted_by() is None  # the parent was not interrupted
+    finally:
+        interrupts.restore()
