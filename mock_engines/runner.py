@@ -309,19 +309,25 @@ class EngineRunner:
                 timeout = (_MAX_POLL_MS if deadline is None
                            else min((deadline - now) * 1000.0, _MAX_POLL_MS))
                 events = dict(poller.poll(int(timeout)))  # pyzmq truncates floats anyway
-            if self._wake_r in events:
-                self._run_commands()
-                if self._stop:
-                    break
-            if self._reading:
-                for sock in self._inputs:
-                    if sock in events:
-                        self._drain(sock)
-            if self.coordinator.sub is not None and self.coordinator.sub in events:
-                self.coordinator.drain()
+            if events and not self._serve_events(events):
+                break
             for item in core.poll(monotonic()):
                 self._send(item)
             self.live_count = core.live_count()
+
+    def _serve_events(self, events: dict[Any, int]) -> bool:
+        """Commands, inputs and coordinator messages that are ready; False once stopping."""
+        if self._wake_r in events:
+            self._run_commands()
+            if self._stop:
+                return False
+        if self._reading:
+            for sock in self._inputs:
+                if sock in events:
+                    self._drain(sock)
+        if self.coordinator.sub is not None and self.coordinator.sub in events:
+            self.coordinator.drain()
+        return True
 
     def _load_loop(self) -> None:
         """The loop of a load-mode engine (mock_engines/loadgen.py): bursts of steps back
@@ -358,17 +364,8 @@ class EngineRunner:
                 now2 = monotonic()
                 self.idle_s += now2 - now
                 now = now2
-            if events:
-                if self._wake_r in events:
-                    self._run_commands()
-                    if self._stop:
-                        break
-                if self._reading:
-                    for sock in self._inputs:
-                        if sock in events:
-                            self._drain(sock)
-                if self.coordinator.sub is not None and self.coordinator.sub in events:
-                    self.coordinator.drain()
+            if events and not self._serve_events(events):
+                break
             if core.has_scripted_work():
                 for item in core.poll(now):
                     self._send(item)

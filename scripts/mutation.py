@@ -3,6 +3,8 @@
     scripts/mutation.py run      fresh `mutmut run` (timed), then `report` and `sample`
     scripts/mutation.py recheck  re-run only the mutants the last run did not kill, against
                                  today's suite (mutmut's cache keeps every other verdict)
+    scripts/mutation.py recheck-new  the mutants still alive, against only the cases added
+                                 since the full run (the only ones that can change them)
     scripts/mutation.py report   docs/mutation.md from the results in mutants/
     scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
     scripts/mutation.py watchdog the wall-clock bound alone, beside a run started elsewhere
@@ -233,6 +235,86 @@ def cmd_recheck(children: int) -> int:
     return cmd_report() or cmd_sample()
 
 
+def _collected_ids(commit: str) -> set[str]:
+    """The conformance item ids of `commit` (a temporary worktree, collection only)."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="corewire-ids-") as tmp:
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", tmp, commit], cwd=ROOT,
+                       check=True)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-m", "pytest", "conformance", "--collect-only", "-q",
+                 "-p", "no:cacheprovider", "-p", "no:xdist", "--frontend", "reference",
+                 "-m", "not components"], cwd=tmp, capture_output=True, text=True,
+                env=dict(os.environ, PYTHONPATH=tmp)).stdout
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tmp], cwd=ROOT,
+                           check=False)
+    return {line.strip() for line in out.splitlines() if "::" in line}
+
+
+def _run_mutant_on(name: str, tests: list[str], bound: float) -> int:
+    """mutmut's own kill test for one mutant, on `tests` only: the trampolined copy in
+    mutants/, MUTANT_UNDER_TEST, the pyproject's pytest arguments, stop at the first kill."""
+    import tomllib
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    argv = [sys.executable, "-m", "pytest", "--rootdir=.", "--tb=native", "-x", "-q",
+            *tests, *cfg["pytest_add_cli_args"]]
+    env = dict(os.environ, MUTANT_UNDER_TEST=name, VLLM_HOST_IP="127.0.0.1",
+               PYTHONPATH=str(ROOT / "mutants"))
+    try:
+        return subprocess.run(argv, cwd=ROOT / "mutants", env=env, capture_output=True,
+                              timeout=bound).returncode
+    except subprocess.TimeoutExpired:
+        return 24  # over the bound: a hang, counted as mutmut counts SIGXCPU
+
+
+def cmd_recheck_new(workers: int) -> int:
+    """Each mutant the full run left alive, against only the cases added since its commit.
+
+    Sound because the mutated code is unchanged (mutmut's own `recheck` step re-ran the
+    functions that changed) and the old cases did not kill it: only a new case can. The
+    verdicts are written into mutmut's results, so `report` counts them like any other.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    info: dict[str, Any] = json.loads(RUN_INFO.read_text())
+    old = _collected_ids(info["commit"])
+    stats: dict[str, Any] = json.loads((ROOT / "mutants" / "mutmut-stats.json").read_text())
+    by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+    equivalent = load_equivalent()
+    todo: list[tuple[str, list[str]]] = []
+    for r in load_results():
+        if r.status in ("killed", "timeout", "not checked") or r.key in equivalent:
+            continue  # a mutant never run (a changed function) needs the whole suite
+        tests = sorted(t for t in by_function.get(r.name.rpartition("__mutmut_")[0], [])
+                       if t not in old)
+        if tests:
+            todo.append((r.name, tests))
+    print(f"recheck-new: {len(todo)} live mutants covered by cases added since "
+          f"{info['commit']}", flush=True)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        codes = list(pool.map(lambda job: _run_mutant_on(job[0], job[1], 600.0), todo))
+    verdicts = {name: code for (name, _), code in zip(todo, codes, strict=True)}
+    for meta_path in (ROOT / "mutants").glob(f"{SOURCE_DIR}/*.py.meta"):
+        meta = json.loads(meta_path.read_text())
+        keys = meta["exit_code_by_key"]
+        keys.update({k: verdicts[k] for k in keys if k in verdicts})
+        meta_path.write_text(json.dumps(meta))
+    seconds = time.monotonic() - started
+    killed = sum(1 for c in codes if c in KILLED or c in TIMEOUT)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    info.setdefault("rechecks", []).append({
+        "kind": "new cases", "commit": commit, "mutants": len(todo), "killed": killed,
+        "seconds": round(seconds), "workers": workers,
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    RUN_INFO.write_text(json.dumps(info))
+    print(f"recheck-new: {killed} of {len(todo)} killed in {seconds:.0f}s")
+    return cmd_report()
+
+
 def cmd_report() -> int:
     import mutmut
 
@@ -278,6 +360,14 @@ def cmd_report() -> int:
                   + (f", commit {info['commit']}" if info.get("commit") else "") + ")."
                   + (f" {info['note']}" if info.get("note") else ""), ""]
         for again in info.get("rechecks", []):
+            if again.get("kind") == "new cases":
+                lines += [f"Recheck (`scripts/mutation.py recheck-new`) at commit "
+                          f"{again['commit']}: each of the {again['mutants']} mutants still "
+                          "alive, run against only the cases added since the full run that "
+                          "reach its function (the old ones did not kill it, and its code is "
+                          f"unchanged): {again['killed']} killed, {again['seconds']} s with "
+                          f"{again['workers']} workers (finished {again['finished']}).", ""]
+                continue
             lines += [f"Recheck (`make mutation-recheck`) at commit {again['commit']}: "
                       "first every mutant without a verdict (those of functions changed "
                       "since the full run, which mutmut resets), then the "
@@ -388,7 +478,8 @@ def cmd_sample() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "recheck", "report", "sample", "watchdog"])
+    parser.add_argument("command", choices=["run", "recheck", "recheck-new", "report", "sample",
+                                            "watchdog"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
     args = parser.parse_args()
@@ -396,6 +487,8 @@ def main() -> int:
         return cmd_run(args.children)
     if args.command == "recheck":
         return cmd_recheck(args.children)
+    if args.command == "recheck-new":
+        return cmd_recheck_new(args.children)
     if args.command == "watchdog":  # for a run started without this script's guard
         stopped = watchdog(threading.Event())
         print(f"watchdog: {len(stopped)} children stopped")
