@@ -269,7 +269,7 @@ def _run_mutant_on(name: str, tests: list[str], bound: float) -> int:
         return 24  # over the bound: a hang, counted as mutmut counts SIGXCPU
 
 
-def cmd_recheck_new(workers: int) -> int:
+def cmd_recheck_new(workers: int, unchecked: bool = False) -> int:
     """Each mutant the full run left alive, against only the cases added since its commit.
 
     Sound because the mutated code is unchanged (mutmut's own `recheck` step re-ran the
@@ -285,14 +285,17 @@ def cmd_recheck_new(workers: int) -> int:
     equivalent = load_equivalent()
     todo: list[tuple[str, list[str]]] = []
     for r in load_results():
-        if r.status in ("killed", "timeout", "not checked") or r.key in equivalent:
-            continue  # a mutant never run (a changed function) needs the whole suite
-        tests = sorted(t for t in by_function.get(r.name.rpartition("__mutmut_")[0], [])
-                       if t not in old)
+        if unchecked != (r.status == "not checked"):
+            continue  # --unchecked: the mutants of functions changed since, whole suite
+        if r.status in ("killed", "timeout") or r.key in equivalent:
+            continue
+        covering = by_function.get(r.name.rpartition("__mutmut_")[0], [])
+        tests = sorted(t for t in covering if unchecked or t not in old)
         if tests:
             todo.append((r.name, tests))
-    print(f"recheck-new: {len(todo)} live mutants covered by cases added since "
-          f"{info['commit']}", flush=True)
+    print(f"recheck-new: {len(todo)} mutants" + (" never run (changed functions), every "
+          "covering case" if unchecked else f" alive, cases added since {info['commit']}"),
+          flush=True)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         codes = list(pool.map(lambda job: _run_mutant_on(job[0], job[1], 600.0), todo))
@@ -307,7 +310,8 @@ def cmd_recheck_new(workers: int) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     info.setdefault("rechecks", []).append({
-        "kind": "new cases", "commit": commit, "mutants": len(todo), "killed": killed,
+        "kind": "changed functions" if unchecked else "new cases", "commit": commit,
+        "mutants": len(todo), "killed": killed,
         "seconds": round(seconds), "workers": workers,
         "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     RUN_INFO.write_text(json.dumps(info))
@@ -343,8 +347,8 @@ def cmd_report() -> int:
         f"**Score: {score:.1f} %** of non-equivalent mutants killed "
         f"({detected} of {scored}; {len(results)} mutants, {len(judged_equivalent)} judged "
         f"equivalent, {len(variants)} of them conformant variants"
-        + (f", {len(unchecked)} not checked: the run was stopped before "
-           "them" if unchecked else "") + ").",
+        + (f", {len(unchecked)} not checked: their functions changed after the run and "
+           "they were not re-run" if unchecked else "") + ").",
         "",
         f"Strict score, counting the {len(variants)} conformant variants (a client can tell "
         "them apart; the contract allows both) as survivors: "
@@ -360,6 +364,14 @@ def cmd_report() -> int:
                   + (f", commit {info['commit']}" if info.get("commit") else "") + ")."
                   + (f" {info['note']}" if info.get("note") else ""), ""]
         for again in info.get("rechecks", []):
+            if again.get("kind") == "changed functions":
+                lines += [f"Recheck (`scripts/mutation.py recheck-new --unchecked`) at commit "
+                          f"{again['commit']}: the {again['mutants']} mutants of functions "
+                          "changed since the full run (mutmut regenerated them), each "
+                          "against every case that reaches its function: "
+                          f"{again['killed']} killed, {again['seconds']} s with "
+                          f"{again['workers']} workers (finished {again['finished']}).", ""]
+                continue
             if again.get("kind") == "new cases":
                 lines += [f"Recheck (`scripts/mutation.py recheck-new`) at commit "
                           f"{again['commit']}: each of the {again['mutants']} mutants still "
@@ -482,13 +494,16 @@ def main() -> int:
                                             "watchdog"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
+    parser.add_argument("--unchecked", action="store_true",
+                        help="recheck-new: the mutants never run (functions changed since "
+                             "the full run), against every case reaching them")
     args = parser.parse_args()
     if args.command == "run":
         return cmd_run(args.children)
     if args.command == "recheck":
         return cmd_recheck(args.children)
     if args.command == "recheck-new":
-        return cmd_recheck_new(args.children)
+        return cmd_recheck_new(args.children, args.unchecked)
     if args.command == "watchdog":  # for a run started without this script's guard
         stopped = watchdog(threading.Event())
         print(f"watchdog: {len(stopped)} children stopped")
