@@ -370,7 +370,8 @@ def cmd_report() -> int:
                           "changed since the full run (mutmut regenerated them), each "
                           "against every case that reaches its function: "
                           f"{again['killed']} killed, {again['seconds']} s with "
-                          f"{again['workers']} workers (finished {again['finished']}).", ""]
+                          f"{again['workers']} workers (finished {again['finished']})."
+                          + (f" {again['note']}" if again.get("note") else ""), ""]
                 continue
             if again.get("kind") == "new cases":
                 lines += [f"Recheck (`scripts/mutation.py recheck-new`) at commit "
