@@ -21,8 +21,8 @@ import asyncio
 import re
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability, FrontendError, StreamHandle
+from harness.casekit import hold, prompt, request_for, require_refused_later, routed_engine
+from harness.frontends.driver import Capability, StreamHandle
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
@@ -37,15 +37,6 @@ MISWIRED = ("vllm/v1/engine/coordinator.py:383-384 (asserts no outputs / utility
 GATE = ("vllm/v1/engine/coordinator.py:245-253 (READY after every engine subscribed), "
         ":351-360 (a later subscription gets READY again) (0.33.0); rust bootstrap.rs:47-81")
 GEN = [Capability.GENERATE]
-
-
-async def _unpinned_at(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
-    """Send one unpinned request, wait for it to end, return the engine that got it."""
-    p = prompt(seed)
-    handle = await ctx.driver.generate(p, 2)
-    await handle.wait(ctx.t(3))
-    found = request_for(group, p)
-    return found[0] if found else None
 
 
 # ---------------------------------------------------------------- load over the coordinator
@@ -83,7 +74,7 @@ for _name, _loads, _idle, _count in LOADS:
             for engine, (waiting, running) in zip(group.engines, loads, strict=True):
                 engine.coordinator_stats(waiting=waiting, running=running)
             await ctx.quiet(0.5)  # the coordinator applies (and publishes) the counts
-            at = [await _unpinned_at(ctx, group, 600 + 10 * n + i) for i in range(count)]
+            at = [await routed_engine(ctx, group, 600 + 10 * n + i) for i in range(count)]
             # Without the counts every engine ties and a rotating (or rank-0-first)
             # tie-break cannot put the requests at engine `idle` for every load table.
             ctx.require(at == [idle] * count,
@@ -142,18 +133,6 @@ async def _require_failed_closed(ctx: CaseContext, handle: StreamHandle, what: s
                 observed=f"error {handle.error!r} lacks {missing}")
 
 
-async def _require_refused_later(ctx: CaseContext) -> None:
-    try:
-        later = await ctx.driver.generate(prompt(699), 2, data_parallel_rank=1)
-        await later.wait(ctx.t(3))
-    except FrontendError as exc:
-        ctx.note(f"later request refused: {exc}")
-        return
-    ctx.require(later.finish_reason == "error",
-                expected="a later request is refused (the client stays failed)",
-                observed=f"{later.finish_reason} error={later.error}")
-
-
 for _kind in MISWIRED_KINDS:
     for _sender in (0, 1):
         def _make_miswired(kind: str = _kind, sender: int = _sender) -> None:
@@ -174,7 +153,7 @@ for _kind in MISWIRED_KINDS:
                 group[sender].send_coordinator(MISWIRED_KINDS[kind](sender, rid))
                 await _require_failed_closed(ctx, handle, f"a {kind} on the coordinator path",
                                              (_names_engine(sender),))
-                await _require_refused_later(ctx)
+                await require_refused_later(ctx, 699, rank=1)
 
             globals()[f"miswired_{kind}_{sender}"] = miswired
         _make_miswired()
@@ -217,7 +196,7 @@ for _raw, _cause in ((b"\xc1 not msgpack", "decod"), (b"ENGINE_CORE_DEAD", "engi
                         observed=("still pending after 1 s" if not done
                                   else f"{type(error).__name__}: {error}"
                                   if error else f"answered {call.result()!r}"))
-            await _require_refused_later(ctx)
+            await require_refused_later(ctx, 699, rank=1)
 
         globals()[f"raw_{label}"] = raw_on_path
     _make_raw()

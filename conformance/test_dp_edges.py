@@ -13,24 +13,15 @@ from __future__ import annotations
 import asyncio
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
+from harness.casekit import hold, prompt, routed_engine
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from harness.wire import messages as m
-from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 
 LOAD = ("vllm/v1/engine/core_client.py:1781-1790 (score from the coordinator's counts), "
         "DPLBAsyncMPClient stats subscription (0.33.0); rust-client.md §1.6")
 NEEDS = [Capability.GENERATE]
-
-
-async def _routed_to(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
-    p = prompt(seed)
-    handle = await ctx.driver.generate(p, 2)
-    await handle.wait(ctx.t(3))
-    found = request_for(group, p)
-    return found[0] if found else None
 
 
 for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1),
@@ -46,7 +37,7 @@ for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1),
         async def load_only(ctx: CaseContext) -> None:
             group = await ctx.start([EngineScript(reported_load=load) for load in loads])
             await ctx.quiet(0.4)  # several publications land
-            at = await _routed_to(ctx, group, 500 + n)
+            at = await routed_engine(ctx, group, 500 + n)
             ctx.require(at == idle, expected=f"the request at engine {idle} (published "
                                              f"load {loads})", observed=f"at engine {at}")
 
@@ -71,7 +62,7 @@ for _garbage in (False, True):
             group = await ctx.start([EngineScript(reported_load=(0, 5)),
                                      EngineScript(reported_load=(0, 0))])
             await ctx.quiet(0.4)
-            first = await _routed_to(ctx, group, 520)
+            first = await routed_engine(ctx, group, 520)
             ctx.require(first == 1, expected="first the request at engine 1 (engine 0 "
                                              "busy)", observed=f"at engine {first}")
             if garbage:
@@ -81,7 +72,7 @@ for _garbage in (False, True):
             group.engines[0].script.reported_load = (0, 0)
             group.engines[1].script.reported_load = (0, 5)
             await ctx.quiet(0.4)
-            second = await _routed_to(ctx, group, 521)
+            second = await routed_engine(ctx, group, 521)
             # Without load information a rotating tie-break would pick 0 first, then 1:
             # the expected engines are the opposite, so only the published load explains them.
             ctx.require(second == 0, expected="then the request at engine 0 (load moved "
@@ -101,7 +92,7 @@ async def wider_publication(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(reported_load=(0, 5)),
                              EngineScript(reported_load=(0, 0))])
     await ctx.quiet(0.4)
-    first = await _routed_to(ctx, group, 530)
+    first = await routed_engine(ctx, group, 530)
     ctx.require(first == 1, expected="first the request at engine 1 (engine 0 busy)",
                 observed=f"at engine {first}")
     assert group.coordinator is not None
@@ -111,7 +102,7 @@ async def wider_publication(ctx: CaseContext) -> None:
     group.engines[0].script.reported_load = (0, 0)
     group.engines[1].script.reported_load = (0, 5)
     await ctx.quiet(0.4)
-    second = await _routed_to(ctx, group, 531)
+    second = await routed_engine(ctx, group, 531)
     ctx.require(second == 0, expected="then the request at engine 0 (load moved to engine 1)",
                 observed=f"at engine {second}")
 

@@ -13,8 +13,8 @@ index -1); the Rust client fails closed when they reach its main output path
 from __future__ import annotations
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability, FrontendError
+from harness.casekit import hold, prompt, request_for, require_refused_later
+from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
@@ -118,15 +118,7 @@ for _kind in ("start_wave", "wave_complete"):
             ctx.require(handle.finish_reason == "error",
                         expected="the open stream ends with an error",
                         observed=f"{handle.finish_reason} error={handle.error}")
-            try:
-                later = await ctx.driver.generate(prompt(41), 2)
-                await later.wait(ctx.t(3))
-            except FrontendError as exc:
-                ctx.note(f"later request refused: {exc}")
-                return
-            ctx.require(later.finish_reason == "error",
-                        expected="a later request is refused (the client stays failed)",
-                        observed=f"{later.finish_reason} error={later.error}")
+            await require_refused_later(ctx, 41)
 
         globals()[f"{kind}_fails_closed"] = control_fails_closed
     _make_control()

@@ -8,8 +8,13 @@ transcript by prompt.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from harness.frontends.driver import FrontendError
 from mock_engines.group import EngineGroup
+
+if TYPE_CHECKING:
+    from harness.case_context import CaseContext
 from mock_engines.script import Emit, Step, StepFactory, endless
 
 
@@ -52,3 +57,28 @@ def requests_for(group: EngineGroup, prompts: Sequence[Sequence[int]]
             return None
         out[found[1]] = found[0]
     return out
+
+
+async def routed_engine(ctx: CaseContext, group: EngineGroup, seed: int) -> int | None:
+    """Send one unpinned request, wait (bounded) for it to end, return the engine that got
+    it (None: it reached no engine)."""
+    p = prompt(seed)
+    handle = await ctx.driver.generate(p, 2)
+    await handle.wait(ctx.t(3))
+    found = request_for(group, p)
+    return found[0] if found else None
+
+
+async def require_refused_later(ctx: CaseContext, seed: int,
+                                rank: int | None = None) -> None:
+    """After a fatal failure, a later request is refused (raised, or a stream ending in
+    error): the client stays failed."""
+    try:
+        later = await ctx.driver.generate(prompt(seed), 2, data_parallel_rank=rank)
+        await later.wait(ctx.t(3))
+    except FrontendError as exc:
+        ctx.note(f"later request refused: {exc}")
+        return
+    ctx.require(later.finish_reason == "error",
+                expected="a later request is refused (the client stays failed)",
+                observed=f"{later.finish_reason} error={later.error}")
