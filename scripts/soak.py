@@ -53,9 +53,20 @@ def one_run(index: int, args: argparse.Namespace, report_root: Path) -> SoakRun:
     load_before = os.getloadavg()
     started = time.monotonic()
     with open(report_root / f"run-{index:02d}.log", "wb") as log:
-        code = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "VLLM_HOST_IP": "127.0.0.1"},
-                              timeout=args.run_timeout).returncode
+        child = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "VLLM_HOST_IP": "127.0.0.1"})
+        try:
+            code = child.wait(timeout=args.run_timeout)
+        except BaseException:
+            # corewire run turns SIGTERM into partial reports and reaps its pytest child;
+            # killing it outright would orphan that child (docs/cli.md, interrupts).
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
     wall = time.monotonic() - started
     try:
         doc = json.loads((report_dir / "results.json").read_text())
@@ -114,8 +125,9 @@ def main() -> int:
                 moved = len([c for c in compare(runs).changes if c.index == index])
                 print(f"run {index}: exit {run.exit_code}, {run.wall_s:.0f} s, load "
                       f"{run.load_after[0]:.2f}, {moved} verdict changes", flush=True)
-        except KeyboardInterrupt:
-            print("soak interrupted; rendering what was measured", flush=True)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired) as stop:
+            print(f"soak stopped ({type(stop).__name__}); rendering what was measured",
+                  flush=True)
         finally:
             stop_load(load)
     summary = compare(runs)
