@@ -81,7 +81,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--frontend", action="append",
-                        help="frontend spec (repeatable; default reference and reference-subprocess)")
+                        help="frontend spec (repeatable; default: reference, "
+                        "reference-subprocess)")
     parser.add_argument("--workers", type=int, default=2, help="xdist workers per run")
     parser.add_argument("--load-procs", type=int, default=os.cpu_count() or 1,
                         help="busy-loop processes kept running for the whole soak")

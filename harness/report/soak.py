@@ -106,7 +106,7 @@ def render_soak(summary: SoakSummary, config: dict[str, Any]) -> str:
         f"- Background load: {config.get('load_procs')} busy-loop processes at nice "
         f"{config.get('load_nice')} on a {config.get('cpus')}-CPU machine "
         f"({config.get('machine', '')})",
-        f"- Run 1 verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(verdict_counts.items())),
+        "- Run 1 verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(verdict_counts.items())),
         f"- Started {config.get('started', '?')}; commit {config.get('commit', '?')}",
         "",
         f"**Result: {summary.identical_runs}/{total} runs identical to run 1; "
@@ -115,7 +115,8 @@ def render_soak(summary: SoakSummary, config: dict[str, Any]) -> str:
         "",
     ]
     if summary.changes:
-        lines += ["## Verdict changes", "", "| run | item | run 1 | this run |", "|---|---|---|---|"]
+        lines += ["## Verdict changes", "", "| run | item | run 1 | this run |",
+                  "|---|---|---|---|"]
         lines += [f"| {c.index} | `{c.item}` | {c.first} | {c.now} |" for c in summary.changes]
         lines.append("")
     lines += ["## Runs", "", "| run | exit | wall s | load 1/5/15 min at end | changes |",
