@@ -9,6 +9,7 @@ evidence are what the table says, and that nothing crashes.
 from __future__ import annotations
 
 import itertools
+import pathlib
 from collections.abc import Sequence
 
 import pytest
@@ -112,6 +113,24 @@ def test_legal_engine_paths() -> None:
 def test_refused_engine_transitions(phase: Phase, event: Event) -> None:
     with pytest.raises(LifecycleError):
         next_phase(phase, event, "x", role=Role.ENGINE)
+
+
+def test_the_architecture_doc_shows_the_engine_table_as_it_is() -> None:
+    """docs/architecture.md's ENGINE table, cell by cell ("refused" and "error" both mean
+    no transition; "(queued)" annotates the phase)."""
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    section = doc.split("### ENGINE role", 1)[1]
+    rows = [line.strip("|").split("|") for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    events = [Event[cell.strip()] for cell in rows[0][1:]]
+    shown: dict[tuple[Phase, Event], Phase] = {}
+    for row in rows[1:]:
+        for name in row[0].split(","):
+            for event, cell in zip(events, row[1:], strict=True):
+                word = cell.split("(")[0].strip()
+                if word not in ("refused", "error"):
+                    shown[(Phase[name.strip()], event)] = Phase[word]
+    assert shown == dict(ENGINE_TRANSITIONS)
 
 
 # --------------------------------------------------------------------------- the engine
