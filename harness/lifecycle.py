@@ -1,27 +1,31 @@
-"""One request's lifecycle on the frontend side of the wire, with its transitions as data.
+"""One request's lifecycle on each side of the wire, with its transitions as data.
 
-A request is written three times in corewire (the mock engine's live/finished/aborted
-sets, the reference core's requests + pending_drops + stop_aborts, the fuzz model), and
-each copy used to spell the rules in its own vocabulary. This module is the one
-vocabulary: a `Phase` per state of a request as the frontend owes it to the engine, an
-`Event` per thing that can happen to it, and `TRANSITIONS`, an h11-style table
-``(phase, event) -> phase``. What the table does not list is not a no-op but a
-`LifecycleError` that names the phase and the event, so a model or core that feeds an
-impossible event fails loudly instead of drifting.
+A request used to be written three times in corewire (the mock engine's live/finished/
+aborted sets, the reference core's requests + pending_drops + stop_aborts, the fuzz
+model), each copy spelling the rules in its own vocabulary. This module is the one
+vocabulary, h11-style: one `Phase` per state a request can be in, one `Event` per thing
+that can happen to it, and one transition table ``(phase, event) -> phase`` per `Role`
+(h11 has one per client and server; here FRONTEND and ENGINE see the same request from
+the two ends of one connection). What a role's table does not list is not a no-op but a
+`LifecycleError` that names the role, the phase and the event, so a model or core that
+feeds an impossible event fails loudly instead of drifting.
 
-Role-agnostic on purpose: no sockets, no codec, no frontend or engine types. The fuzz model
-(harness/stateful/model.py) drives it today. To adopt it:
+* FRONTEND (`TRANSITIONS`): the request as the frontend owes it to its engine: open,
+  dropped, stopped at a stop string, then finished / aborted / drained / dead. The fuzz
+  model (harness/stateful/model.py) drives it. The reference core
+  (harness/frontends/reference/core.py) adopts it by keeping a `Phase` on each
+  `RequestState` instead of deriving it from membership of `requests`, `pending_drops`
+  and `stop_aborts`; each transition must stay inside the one small method a mutant
+  overrides.
+* ENGINE (`ENGINE_TRANSITIONS`): the request as one engine core sees it: an ADD (from
+  NEW, the phase of an id it never saw), ABORT, its own outputs and final output, a
+  silent retire, a resumable session's segments, its own death. The mock engine
+  (mock_engines/engine.py) keeps one phase per request id and moves it only through this
+  table. An ADD or ABORT the table refuses is the frontend's doing (a duplicate ADD of a
+  live id, an ABORT of an ended or unknown id): the engine keeps the `LifecycleError` as
+  evidence (the transcript holds the frame) and otherwise ignores it, never crashes.
 
-* the reference core (harness/frontends/reference/core.py) would keep a `Phase` on each
-  `RequestState` instead of deriving it from membership of `requests`, `pending_drops` and
-  `stop_aborts`, and keep ended ids (bounded) so "abort of a finished id" is a table
-  lookup; each transition must stay inside the one small method a mutant overrides.
-* the mock engine (mock_engines/engine.py) would replace its live / finished / aborted
-  sets with one phase per id; it sees ADD, ABORT, its own final output and death, not DROP
-  or DRAIN. It needs an event for the ADD (a phase before OPEN) and must treat a
-  `LifecycleError` raised by what the frontend sent (a late ABORT, a duplicate ADD) as
-  the frontend's fault: recorded as evidence and otherwise ignored, as today, never a
-  crash. Resumable sessions would need phases of their own.
+Role-agnostic on purpose: no sockets, no codec, no frontend or engine types.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
+
+
+class Role(enum.Enum):
+    """Which end of the wire a transition table describes (h11: client / server)."""
+
+    FRONTEND = "frontend"  # the process that sends ADDs and ABORTs and reads outputs
+    ENGINE = "engine"  # one engine core (one DP rank) that serves them
 
 
 class Phase(enum.Enum):
@@ -44,6 +55,12 @@ class Phase(enum.Enum):
     ABORTED = "aborted"  # an explicit abort carried it to its engine
     DRAINED = "drained"  # the drain pass carried its ABORT to its engine
     DEAD = "dead"  # ENGINE_CORE_DEAD reached the frontend while it was owed something
+    # ENGINE role only (the frontend role reuses none of them):
+    NEW = "new"  # the engine holds no ADD for this id (never saw one, or not yet)
+    SEGMENT = "segment"  # a resumable (streaming-input) session's segment runs; an ADD
+    #                      arriving meanwhile waits for it as the session's next input
+    AWAITING_INPUT = "awaiting_input"  # a session between segments; its next ADD runs
+    #                                    (vLLM RequestStatus.WAITING_FOR_STREAMING_REQ)
 
     @property
     def live(self) -> bool:
@@ -61,7 +78,13 @@ class Phase(enum.Enum):
 
 
 class Event(enum.Enum):
-    """What can happen to a request, from either side of the wire."""
+    """What can happen to a request, from either side of the wire.
+
+    Shared members mean the same act seen from the role's end: for the ENGINE role ABORT
+    is "an ABORT naming the id arrived", OUTPUT / FINAL_OUTPUT "the engine sent one"
+    (FINAL_OUTPUT: with any finish reason that ends the request: stop, length, abort,
+    error), ENGINE_DEAD "the engine itself died".
+    """
 
     DROP = "drop"  # the client dropped the stream (queued for the drain pass)
     ABORT = "abort"  # an explicit abort pass carried its id to the owning engine
@@ -70,7 +93,17 @@ class Event(enum.Enum):
     STOP_MATCHED = "stop_matched"  # a non-final output completed a stop string
     FINAL_OUTPUT = "final_output"  # the engine's final output reached the frontend
     ENGINE_DEAD = "engine_dead"  # ENGINE_CORE_DEAD reached the frontend
+    # ENGINE role only:
+    ADD = "add"  # an ADD for the id arrived, not resumable (a plain request, or the
+    #              closing input of a streaming-input session)
+    ADD_RESUMABLE = "add_resumable"  # an ADD with resumable=True (a session's segment)
+    SEGMENT_END = "segment_end"  # a resumable request's final output ended with stop or
+    #                              length: the segment is over, not the session
+    RETIRE = "retire"  # the engine dropped it without a final output, listing it in
+    #                    finished_requests only (script step FinishedOnly)
 
+
+# ========================================================================= FRONTEND role
 
 LIVE = frozenset({Phase.OPEN, Phase.DROPPED})
 ABORT_OWED = frozenset({Phase.DROPPED, Phase.STOP_PENDING})
@@ -113,20 +146,73 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = types.MappingProxyType(_TABLE
 
 
 class LifecycleError(Exception):
-    """An event the lifecycle table has no transition for, in the phase it arrived in."""
+    """An event a role's lifecycle table has no transition for, in the phase it arrived in."""
 
-    def __init__(self, phase: Phase, event: Event, request_id: str | None = None) -> None:
+    def __init__(self, phase: Phase, event: Event, request_id: str | None = None, *,
+                 role: Role = Role.FRONTEND) -> None:
         subject = f"request {request_id}" if request_id is not None else "a request"
         super().__init__(f"{subject} in phase {phase.value!r} cannot take event "
-                         f"{event.value!r} (no such transition)")
+                         f"{event.value!r} (no such {role.value} transition)")
         self.phase = phase
         self.event = event
         self.request_id = request_id
+        self.role = role
 
 
-def next_phase(phase: Phase, event: Event, request_id: str | None = None) -> Phase:
-    """The phase `event` moves a request in `phase` to; LifecycleError if none."""
+def next_phase(phase: Phase, event: Event, request_id: str | None = None, *,
+               role: Role = Role.FRONTEND) -> Phase:
+    """The phase `event` moves a request in `phase` to in `role`'s table; LifecycleError
+    if that table has none."""
     try:
-        return TRANSITIONS[(phase, event)]
+        return TABLES[role][(phase, event)]
     except KeyError:
-        raise LifecycleError(phase, event, request_id) from None
+        raise LifecycleError(phase, event, request_id, role=role) from None
+
+
+# =========================================================================== ENGINE role
+# What one engine core sees of a request id. Phases: NEW (no ADD held), OPEN (a plain
+# request runs), SEGMENT / AWAITING_INPUT (a streaming-input session runs a segment /
+# waits for its next input), then FINISHED (its final output went out, or it retired
+# silently), ABORTED (an ABORT removed it) or DEAD (the engine died holding it).
+
+# No ADD held: an ADD starts the id afresh (vLLM's scheduler forgets ended requests), an
+# ABORT is refused.
+ENGINE_NOT_HELD = frozenset({Phase.NEW, Phase.FINISHED, Phase.ABORTED})
+ENGINE_HOLDING = frozenset({Phase.OPEN, Phase.SEGMENT, Phase.AWAITING_INPUT})
+ENGINE_PHASES = ENGINE_NOT_HELD | ENGINE_HOLDING | {Phase.DEAD}
+
+_ENGINE: dict[tuple[Phase, Event], Phase] = {
+    (_P.OPEN, _E.OUTPUT): _P.OPEN,
+    (_P.OPEN, _E.FINAL_OUTPUT): _P.FINISHED,
+    (_P.OPEN, _E.RETIRE): _P.FINISHED,
+    (_P.OPEN, _E.ABORT): _P.ABORTED,
+    (_P.OPEN, _E.ENGINE_DEAD): _P.DEAD,
+    # (OPEN, ADD | ADD_RESUMABLE) is absent: a duplicate ADD of a live id is refused (vLLM
+    # 0.33.0 asserts "duplicate request id", v1/core/sched/scheduler.py:2936).
+
+    (_P.SEGMENT, _E.ADD): _P.SEGMENT,  # queued: it closes the session once the segment ends
+    (_P.SEGMENT, _E.ADD_RESUMABLE): _P.SEGMENT,  # queued: the next segment
+    (_P.SEGMENT, _E.OUTPUT): _P.SEGMENT,
+    (_P.SEGMENT, _E.SEGMENT_END): _P.AWAITING_INPUT,
+    (_P.SEGMENT, _E.FINAL_OUTPUT): _P.FINISHED,  # abort / error end the whole session
+    (_P.SEGMENT, _E.RETIRE): _P.FINISHED,
+    (_P.SEGMENT, _E.ABORT): _P.ABORTED,
+    (_P.SEGMENT, _E.ENGINE_DEAD): _P.DEAD,
+
+    (_P.AWAITING_INPUT, _E.ADD_RESUMABLE): _P.SEGMENT,  # the next segment runs
+    (_P.AWAITING_INPUT, _E.ADD): _P.FINISHED,  # the input closed: the session is over
+    (_P.AWAITING_INPUT, _E.ABORT): _P.ABORTED,
+    (_P.AWAITING_INPUT, _E.ENGINE_DEAD): _P.DEAD,
+}
+# An id the engine holds no ADD for starts afresh on an ADD (a reused id is a new request:
+# vLLM's scheduler drops ended requests from `self.requests`, scheduler.py:2932-2949); an
+# ABORT of it is refused (too late, or never sent: ignored).
+# DEAD takes nothing: a dead engine reads no more input and sends nothing.
+for _phase in ENGINE_NOT_HELD:
+    _ENGINE[(_phase, Event.ADD)] = Phase.OPEN
+    _ENGINE[(_phase, Event.ADD_RESUMABLE)] = Phase.SEGMENT
+del _phase
+ENGINE_TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = types.MappingProxyType(_ENGINE)
+
+TABLES: Mapping[Role, Mapping[tuple[Phase, Event], Phase]] = types.MappingProxyType({
+    Role.FRONTEND: TRANSITIONS, Role.ENGINE: ENGINE_TRANSITIONS})

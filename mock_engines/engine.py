@@ -6,14 +6,23 @@ behaviour testable without I/O and lets the same core sit behind any transport.
 
 Like vLLM's engine it emits at most one step per request per `poll()` and batches all
 requests that are due in one step into one `EngineCoreOutputs` per client.
+
+Each request id has one `Phase`, moved only through the ENGINE table of
+harness/lifecycle.py. What the frontend sends that the table refuses (a duplicate ADD of
+a live id, an ABORT of an ended or unknown id) is the frontend's doing: kept in `refused`
+(the transcript keeps the frame itself) and otherwise ignored, never a crash. Load mode's
+requests are the pre-encoded stepper's own (mock_engines/loadgen.py), outside the table:
+its hot path counts them in `LoadStats` instead.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from harness.lifecycle import Event, LifecycleError, Phase, Role, next_phase
 from harness.wire import (
     DEFAULT_CODEC,
     AbortRequests,
@@ -40,6 +49,8 @@ from mock_engines.script import (
 from mock_engines.transcript import Record, Transcript
 
 ALL_CLIENTS = -1
+REFUSED_KEPT = 256  # refused ADDs / ABORTs kept as evidence (a misbehaving frontend may
+#                     send any number)
 
 
 class Outgoing(NamedTuple):
@@ -51,6 +62,8 @@ class Outgoing(NamedTuple):
 
 @dataclass(slots=True)
 class _LiveRequest:
+    """A scheduled request's position in its script (the lifecycle is in `phases`)."""
+
     request: m.EngineCoreRequest
     steps: list[Step]
     position: int
@@ -84,11 +97,15 @@ class MockEngineCore:
         self.transcript = transcript if transcript is not None \
             else Transcript(codec=self.codec, retain=self.script.retain_transcript)
         self.dp_size = dp_size
+        # Every id this engine took an ADD for, in its ENGINE-role phase (ended ones stay:
+        # they are what a late ABORT is judged by).
+        self.phases: dict[str, Phase] = {}
+        # The last ADD of each id in a holding phase (OPEN, SEGMENT, AWAITING_INPUT).
+        self.held: dict[str, m.EngineCoreRequest] = {}
+        # The script position of each held request that has steps to run.
         self.live: dict[str, _LiveRequest] = {}
-        self.finished: set[str] = set()  # ids that got a final output
-        self.aborted: set[str] = set()  # ids removed by an ABORT while live
-        # Streaming-input sessions between segments (vLLM: WAITING_FOR_STREAMING_REQ).
-        self.sessions: dict[str, m.EngineCoreRequest] = {}
+        self.refused: collections.deque[LifecycleError] = collections.deque(
+            maxlen=REFUSED_KEPT)
         self.dead = False
         self._adds_seen = 0
         self._replies: list[_PendingReply] = []
@@ -143,52 +160,72 @@ class MockEngineCore:
         self._stats_only_due = False  # busy again: the next step carries stats anyway
         index = self._adds_seen
         self._adds_seen += 1
-        rid = request.request_id
-        live = self.live.get(rid)
-        if live is not None:
-            if live.request.resumable:  # a session's segment runs: the input waits for it
-                live.queued.append((request, index))
-            return  # a duplicate ADD for a live id: recorded in the transcript, ignored
-        if rid in self.sessions:
-            self._session_input(rid, request, index, now)
-            return
-        self._start(request, index, now)
-
-    def _session_input(self, rid: str, request: m.EngineCoreRequest, index: int,
-                       now: float) -> None:
-        """The next input of a session between segments: a resumable ADD runs as the next
-        segment, a final one ends the session (vLLM scheduler.add_request)."""
-        del self.sessions[rid]
-        if request.resumable:
-            self._start(request, index, now)
-            return
-        self.finished.add(rid)
-        self._note_finished(request.client_index, rid)
-        self._went_idle()
-
-    def _start(self, request: m.EngineCoreRequest, index: int, now: float) -> None:
         if self.load is not None:
             if not request.abort_immediately:
                 self.load.add(request, now)
             return
+        self._take_input(request, index, now)
+
+    def _take_input(self, request: m.EngineCoreRequest, index: int, now: float) -> None:
+        """One ADD (received, or queued behind a session's segment) through the table."""
+        rid = request.request_id
+        before = self.phases.get(rid, Phase.NEW)
+        phase = self._frontend_move(rid, Event.ADD_RESUMABLE if request.resumable
+                                    else Event.ADD)
+        if phase is None:
+            return  # refused: a duplicate ADD of a live id
+        if before is Phase.SEGMENT:  # the input waits for the running segment
+            live = self.live.get(rid)
+            if live is not None:  # (a segment without steps never ends on its own)
+                live.queued.append((request, index))
+        elif phase is Phase.FINISHED:  # the input closed a session between segments
+            self._ended(rid, request.client_index)
+        else:
+            self._start(request, index, now)
+
+    def _start(self, request: m.EngineCoreRequest, index: int, now: float) -> None:
+        """Hold a request that just entered OPEN or SEGMENT and schedule its script."""
+        rid = request.request_id
+        self.held[rid] = request
         steps = self.script.steps_for(request, index)
-        if request.abort_immediately or not steps:
-            return
-        self.live[request.request_id] = _LiveRequest(request, steps, 0, now + _delay(steps[0]),
-                                                     now)
+        if request.abort_immediately:  # vLLM adds it, then aborts it (engine/core.py:559)
+            self._abort(rid)
+        elif steps:  # no steps: held, answered only by injected outputs, until aborted
+            self.live[rid] = _LiveRequest(request, steps, 0, now + _delay(steps[0]), now)
 
     def _on_abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            if self.load is not None and self.load.abort(rid):
-                self.aborted.add(rid)
-                continue
-            live = self.live.pop(rid, None)
-            waiting = self.sessions.pop(rid, None)
-            request = live.request if live is not None else waiting
-            if request is not None:
-                self.aborted.add(rid)
-                self._note_finished(request.client_index, rid)
-                self._went_idle()
+            if self.load is not None:
+                self.load.abort(rid)
+            else:
+                self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        if self._frontend_move(rid, Event.ABORT) is None:
+            return  # refused: an ABORT of an ended or unknown id
+        self.live.pop(rid, None)
+        self._ended(rid, self.held[rid].client_index)
+
+    def _frontend_move(self, rid: str, event: Event) -> Phase | None:
+        """Move `rid` on what the frontend sent; None (kept in `refused`) if the table
+        refuses it: the frontend's fault, recorded and otherwise ignored."""
+        try:
+            return self._move(rid, event)
+        except LifecycleError as exc:
+            self.refused.append(exc.with_traceback(None))  # evidence, not the stack
+            return None
+
+    def _move(self, rid: str, event: Event) -> Phase:
+        """The one place a request's phase changes (LifecycleError: no such transition)."""
+        phase = next_phase(self.phases.get(rid, Phase.NEW), event, rid, role=Role.ENGINE)
+        self.phases[rid] = phase
+        return phase
+
+    def _ended(self, rid: str, client: int) -> None:
+        """A held request reached FINISHED or ABORTED: release it, list it as finished."""
+        del self.held[rid]
+        self._note_finished(client, rid)
+        self._went_idle()
 
     def _on_utility(self, call: m.UtilityRequest, now: float) -> None:
         reply = self.script.utility_reply(call.method)
@@ -285,7 +322,8 @@ class MockEngineCore:
     def _retire_silently(self, rid: str, live: _LiveRequest) -> None:
         """FinishedOnly: drop the request and list it in finished_requests, no output."""
         del self.live[rid]
-        self.finished.add(rid)
+        self._move(rid, Event.RETIRE)
+        del self.held[rid]
         self._finished_for_client.setdefault(live.request.client_index, []).append(rid)
         self._went_idle()
 
@@ -299,6 +337,8 @@ class MockEngineCore:
         events = ([m.EngineCoreEvent(m.EngineCoreEventType.QUEUED, live.added),
                    m.EngineCoreEvent(m.EngineCoreEventType.SCHEDULED, live.added)]
                   if first and self.script.log_stats else None)
+        if not isinstance(step, Finish):
+            self._move(rid, Event.OUTPUT)
         if isinstance(step, Emit):
             self._advance(rid, live)
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill)
@@ -308,33 +348,28 @@ class MockEngineCore:
                                   bytes(4 * len(tokens) * step.experts))
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill,
                                       routed_experts=experts)
-        del self.live[rid]
-        if not self._segment_ended(rid, live, step.reason, now):
-            self.finished.add(rid)
-            self._note_finished(live.request.client_index, rid)
-            self._went_idle()
+        self._final_output_sent(rid, live, step.reason, now)
         return m.EngineCoreOutput(rid, tokens, finish_reason=step.reason,
                                   stop_reason=step.stop_reason, events=events,
                                   kv_transfer_params=step.kv_transfer_params,
                                   prefill_stats=prefill, error=step.error)
 
-    def _segment_ended(self, rid: str, live: _LiveRequest, reason: m.FinishReason,
-                       now: float) -> bool:
-        """A resumable request's stop is a segment's end, not the request's: it waits for
-        (or takes) the next input. False when the request really finished."""
-        if not live.request.resumable or reason in (m.FinishReason.ABORT,
-                                                    m.FinishReason.ERROR):
-            return False
-        if not live.queued:
-            self.sessions[rid] = live.request
-            return True
-        request, index = live.queued.pop(0)
-        if not request.resumable:
-            return False  # the input was closed while the segment ran
-        self._start(request, index, now)
-        if rid in self.live:
-            self.live[rid].queued.extend(live.queued)
-        return True
+    def _final_output_sent(self, rid: str, live: _LiveRequest, reason: m.FinishReason,
+                           now: float) -> None:
+        """A resumable request's stop or length ends a segment, not the session: the
+        session then takes its next queued input, if one arrived (vLLM
+        scheduler.add_request's streaming_queue); anything else ends the request."""
+        del self.live[rid]
+        segment_end = live.request.resumable and reason not in (m.FinishReason.ABORT,
+                                                                m.FinishReason.ERROR)
+        phase = self._move(rid, Event.SEGMENT_END if segment_end else Event.FINAL_OUTPUT)
+        if phase is not Phase.AWAITING_INPUT:
+            self._ended(rid, live.request.client_index)
+        elif live.queued:
+            request, index = live.queued.pop(0)
+            self._take_input(request, index, now)
+            if rid in self.live:
+                self.live[rid].queued.extend(live.queued)
 
     @staticmethod
     def _prefill_stats(live: _LiveRequest) -> dict[str, int]:
@@ -392,7 +427,11 @@ class MockEngineCore:
     # ------------------------------------------------------------------ faults
 
     def _die(self, now: float) -> list[Outgoing]:
+        """Its own death: every held request goes DEAD (held and scheduled as they were:
+        a dead engine reads and sends nothing more)."""
         self.dead = True
+        for rid in self.held:
+            self._move(rid, Event.ENGINE_DEAD)
         frames = self.codec.encode_engine_dead()
         self._record(now, "out", "output", frames, note="ENGINE_CORE_DEAD")
         return [Outgoing(ALL_CLIENTS, frames)]
@@ -413,6 +452,14 @@ class MockEngineCore:
         self._outbox.append(Outgoing(client_index, frames))
 
     # ------------------------------------------------------------------ state
+
+    def phase_of(self, request_id: str) -> Phase:
+        """The ENGINE-role phase of one id (NEW if this engine never took its ADD)."""
+        return self.phases.get(request_id, Phase.NEW)
+
+    def ids_in(self, *phases: Phase) -> set[str]:
+        """Every id this engine took an ADD for whose phase is one of `phases`."""
+        return {rid for rid, phase in self.phases.items() if phase in phases}
 
     def counts(self) -> tuple[int, int]:
         """(waiting, running) as a DP coordinator would publish them."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 import zmq
 
+from harness.lifecycle import Event, Phase
 from harness.transport.endpoints import PrivateIpcDir
 from harness.transport.sockets import engine_identity, make_socket
 from harness.wire import DEFAULT_CODEC, EngineDead, EngineOutput, ProtocolError
@@ -103,7 +104,7 @@ def test_default_script_streams_max_tokens_then_length() -> None:
     first = outputs_of(steps[0])[0]
     assert (first.engine_index, first.timestamp, first.weight_version) == (3, T0, "default")
     assert core.poll(T0) == [] and core.counts() == (0, 0)
-    assert core.finished == {"r"} and core.next_deadline() is None
+    assert core.phase_of("r") is Phase.FINISHED and core.next_deadline() is None
 
 
 def test_rules_by_prompt_index_and_id_first_match_wins() -> None:
@@ -274,8 +275,10 @@ def test_abort_live_finished_unknown() -> None:
     core.poll(T0)
     assert core.counts() == (0, 1)
     core.receive(C.encode_abort(["live", "done", "nobody"]), T0)
-    assert core.aborted == {"live"}  # only the live one was removed
-    assert core.finished == {"done"}
+    assert core.ids_in(Phase.ABORTED) == {"live"}  # only the live one was removed
+    assert core.ids_in(Phase.FINISHED) == {"done"}
+    assert [(e.phase, e.event, e.request_id) for e in core.refused] == [
+        (Phase.FINISHED, Event.ABORT, "done"), (Phase.NEW, Event.ABORT, "nobody")]
     assert core.counts() == (0, 0)
     assert run_until_idle(core, T0 + 1) == []  # an abort produces no output
     assert core.transcript.aborted_ids() == ["live", "done", "nobody"]
