@@ -32,12 +32,8 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from harness.components.kv_worker import (
-    FakeTransport,
-    KVConnectorWorker,
-    LoadMetadata,
-    RecvHooks,
-)
+from harness.components.kv_contract import KVConnectorWorker, LoadMetadata, RecvHooks
+from harness.components.kv_transport import FakeTransport
 
 ENGINE_ID = "corewire-decode"
 BLOCK_SIZE = 32  # the CPU attention backend's kernel block size is a multiple of 32
