@@ -98,6 +98,17 @@ def test_component_units_resolve_through_the_registry() -> None:
                         ) is ReferenceFrontendCore
 
 
+def test_every_component_unit_location_resolves() -> None:
+    """The slots name their units as "module:attribute" (imported on use): each must exist.
+    Importing the adapter modules does not import vLLM."""
+    from harness.components import EC_SCHEDULERS, KV_WORKERS
+    from harness.components.units import _load
+
+    for slot in (KV_WORKERS, EC_SCHEDULERS):
+        for where in [*slot.units.values(), slot.mutants, *slot.preloads.values()]:
+            assert callable(_load(where)) or isinstance(_load(where), dict), where
+
+
 def test_transcript_file_names_survive_any_frontend_spec() -> None:
     name = transcript_file_name("abort.drop.single", "subprocess:./.venv/bin/python -m x")
     assert "/" not in name and " " not in name

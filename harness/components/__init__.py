@@ -21,7 +21,6 @@ are its two instances.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from harness.components.ec_contract import SchedulerFactory
@@ -46,62 +45,19 @@ DEFAULT_EC_SCHEDULER = DEFAULT_UNIT
 EC_CASE_PREFIX = "components.ec_"
 
 
-# Each loader imports its unit on call: the vLLM adapters import vLLM.
-def _kv_reference() -> WorkerFactory:
-    return reference_factory
-
-
-def _kv_vllm_nixl() -> WorkerFactory:
-    from harness.components.vllm_nixl import vllm_nixl_factory
-
-    return vllm_nixl_factory
-
-
-def _kv_mutants() -> Mapping[str, WorkerFactory]:
-    from harness.components.kv_mutants import MUTANTS
-
-    return MUTANTS
-
-
-def _kv_preload_vllm_nixl() -> None:
-    from harness.components.vllm_nixl import preload
-
-    preload()
-
-
-def _ec_reference() -> SchedulerFactory:
-    from harness.components.ec_reference import reference_ec_factory
-
-    return reference_ec_factory
-
-
-def _ec_vllm() -> SchedulerFactory:
-    from harness.components.vllm_ec import vllm_ec_factory
-
-    return vllm_ec_factory
-
-
-def _ec_mutants() -> Mapping[str, SchedulerFactory]:
-    from harness.components.ec_mutants import MUTANTS
-
-    return MUTANTS
-
-
-def _ec_preload_vllm() -> None:
-    """vLLM's import and a first Scheduler build."""
-    from harness.components.vllm_ec import preload
-
-    preload()
-
-
+_HERE = "harness.components"
 KV_WORKERS: ComponentSlot[WorkerFactory] = ComponentSlot(
     "kv", "KV worker", ENV_KV_WORKER,
-    units={"reference": _kv_reference, "vllm-nixl": _kv_vllm_nixl}, mutants=_kv_mutants,
-    preloads={"vllm-nixl": _kv_preload_vllm_nixl})
+    units={"reference": f"{_HERE}.kv_reference:reference_factory",
+           "vllm-nixl": f"{_HERE}.vllm_nixl:vllm_nixl_factory"},
+    mutants=f"{_HERE}.kv_mutants:MUTANTS",
+    preloads={"vllm-nixl": f"{_HERE}.vllm_nixl:preload"})
 EC_SCHEDULERS: ComponentSlot[SchedulerFactory] = ComponentSlot(
     "ec", "EC scheduler", ENV_EC_SCHEDULER,
-    units={"reference": _ec_reference, "vllm": _ec_vllm}, mutants=_ec_mutants,
-    preloads={"vllm": _ec_preload_vllm})
+    units={"reference": f"{_HERE}.ec_reference:reference_ec_factory",
+           "vllm": f"{_HERE}.vllm_ec:vllm_ec_factory"},
+    mutants=f"{_HERE}.ec_mutants:MUTANTS",
+    preloads={"vllm": f"{_HERE}.vllm_ec:preload"})  # vLLM's import, a first Scheduler
 
 
 def component_slot(kind: str) -> ComponentSlot[Any]:

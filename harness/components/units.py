@@ -10,10 +10,11 @@ imported lazily: the vLLM adapters cost tens of seconds.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from harness.frontends.registry import SpecGrammar, lookup, parse_spec
 
@@ -28,9 +29,11 @@ class ComponentSlot(Generic[F]):
     kind: str  # the `--frontend` prefix without its colon: "kv", "ec"
     title: str  # how errors name it: "KV worker"
     env: str  # the variable that names the unit under test
-    units: Mapping[str, Callable[[], F]]  # unit name -> its factory, imported on call
-    mutants: Callable[[], Mapping[str, F]]  # the mutant table, imported on call
-    preloads: Mapping[str, Callable[[], None]] = field(default_factory=dict)
+    # Where things live, as "module:attribute", imported only when used (the vLLM adapters
+    # import vLLM): unit name -> its factory, the mutant table, unit name -> preload hook.
+    units: Mapping[str, str]
+    mutants: str
+    preloads: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def grammar(self) -> SpecGrammar:
@@ -50,22 +53,31 @@ class ComponentSlot(Generic[F]):
         """The factory of unit `name` (default: the unit under test)."""
         spec = parse_spec(name or self.name(), self.grammar)
         if spec.kind == "mutant":
-            return lookup(self.mutants(), spec.argument, f"{self.title} mutant")
-        return self.units[spec.kind]()
+            return lookup(self._mutant_table(), spec.argument, f"{self.title} mutant")
+        return cast(F, _load(self.units[spec.kind]))
 
     def check(self, name: str) -> None:
         """ValueError unless `name` is a unit (a mutant's name is checked; nothing heavy is
         imported)."""
         spec = parse_spec(name, self.grammar)
         if spec.kind == "mutant":
-            lookup(self.mutants(), spec.argument, f"{self.title} mutant")
+            lookup(self._mutant_table(), spec.argument, f"{self.title} mutant")
 
     def preload(self, name: str | None = None) -> None:
         """Pay the unit's slow imports up front (at collection), so no case spends its time
         bound on them."""
         hook = self.preloads.get(name or self.name())
         if hook is not None:
-            hook()
+            cast(Callable[[], None], _load(hook))()
+
+    def _mutant_table(self) -> Mapping[str, F]:
+        return cast(Mapping[str, F], _load(self.mutants))
+
+
+def _load(where: str) -> Any:
+    """The object at "module:attribute" (the module imported now)."""
+    module, _, attribute = where.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 __all__ = ["DEFAULT_UNIT", "ComponentSlot"]
