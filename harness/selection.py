@@ -19,39 +19,45 @@ import pytest
 from _pytest.mark import KeywordMatcher
 from _pytest.mark.expression import Expression
 
-COMPONENT_PREFIXES = ("kv:", "ec:")
+from harness.frontends.registry import COMPONENT_KINDS, FrontendSpec, parse_spec
+
 COMPONENTS_DIR = Path(__file__).resolve().parent.parent / "conformance" / "components"
+
+
+def _specs(config: pytest.Config) -> list[FrontendSpec]:
+    """The `--frontend` values, parsed (the plugin refused bad ones before this runs)."""
+    return [parse_spec(s) for s in config.getoption("frontend")]
 
 
 def wire_frontends(config: pytest.Config) -> list[str]:
     """The frontends wire cases run against (`reference` when none is named)."""
-    specs = list(config.getoption("frontend"))
-    wire = [s for s in specs if not s.startswith(COMPONENT_PREFIXES)]
+    specs = _specs(config)
+    wire = [s.text for s in specs if not s.is_component]
     return wire if wire or specs else ["reference"]
 
 
 def component_labels(config: pytest.Config, case_id: str, default: str) -> list[str]:
     """The `[...]` labels a component case runs under: none unless components are asked
     for; the named ones of its kind (`kv:` or `ec:`), else its default label."""
-    kind = default.split(":", 1)[0] + ":"
-    named = [s for s in config.getoption("frontend") if s.startswith(COMPONENT_PREFIXES)]
+    kind = parse_spec(default).kind
+    named = [s for s in _specs(config) if s.is_component]
     if named:  # `configure_components` made the named component the default
-        return [default] if any(s.startswith(kind) for s in named) else []
+        return [default] if any(s.kind == kind for s in named) else []
     return [default] if _components_asked(config) else []
 
 
 def configure_components(config: pytest.Config) -> None:
     """`--frontend kv:NAME` / `ec:NAME` select the component implementation (the same as
     `$COREWIRE_KV_WORKER` / `$COREWIRE_EC_SCHEDULER`); one of each kind per run."""
-    from harness.components import ENV_EC_SCHEDULER, ENV_KV_WORKER
+    from harness.components import component_slot
 
-    for kind, env in (("kv:", ENV_KV_WORKER), ("ec:", ENV_EC_SCHEDULER)):
-        names = {s[len(kind):].strip() for s in config.getoption("frontend")
-                 if s.startswith(kind)}
+    specs = _specs(config)
+    for kind in COMPONENT_KINDS:
+        names = {s.argument for s in specs if s.kind == kind}
         if len(names) > 1:
-            raise pytest.UsageError(f"one {kind} component per run, got {sorted(names)}")
+            raise pytest.UsageError(f"one {kind}: component per run, got {sorted(names)}")
         if names:
-            os.environ[env] = names.pop()
+            os.environ[component_slot(kind).env] = names.pop()
 
 
 def _components_asked(config: pytest.Config) -> bool:

@@ -8,9 +8,6 @@ pipe. Commands (faults, stop) are queued from any thread.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -19,11 +16,12 @@ from typing import Any, cast
 
 import zmq
 
-from harness.transport.sockets import engine_identity, make_socket
+from harness.transport.sockets import drain, engine_identity, make_socket
 from harness.wire import ProtocolError
 from harness.wire import messages as m
 from mock_engines.coordinator_link import CoordinatorLink
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
+from mock_engines.mailbox import Mailbox
 from mock_engines.transcript import Record
 
 _MAX_POLL_MS = 1000  # defensive upper bound on any single sleep
@@ -68,9 +66,8 @@ class EngineRunner:
         self.connection = connection
         self.registered = threading.Event()
         self.failure: BaseException | None = None  # harness-level failure, for reports
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)  # drained opportunistically, never waited on
+        self._mailbox = Mailbox()
+        self._wake_r = self._mailbox.fd  # in the poller's events: commands are queued
         self._stop = False
         self._reading = True
         self._inputs: list[zmq.Socket[bytes]] = []
@@ -98,13 +95,7 @@ class EngineRunner:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and close its sockets; bounded by `timeout`."""
         self._stop = True
-        self._wake()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"mock engine {self.core.rank} did not stop within {timeout}s")
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._mailbox.stop_owner(self._thread, timeout, f"mock engine {self.core.rank}")
 
     def idle_snapshot(self) -> tuple[float, float]:
         """(now, idle seconds so far): two snapshots give the busy fraction between them
@@ -119,8 +110,7 @@ class EngineRunner:
 
     def call(self, command: Callable[[], None]) -> None:
         """Run `command` on the engine thread (the only thread that touches the core)."""
-        self._commands.put(command)
-        self._wake()
+        self._mailbox.put(command)
 
     def send_dead(self) -> None:
         self.call(lambda: self.core.inject_dead(time.monotonic()))
@@ -158,10 +148,6 @@ class EngineRunner:
         self.call(self.coordinator.subscribe)
 
     # ------------------------------------------------------------------ thread
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
         self.native_id = threading.get_native_id()
@@ -318,7 +304,7 @@ class EngineRunner:
     def _serve_events(self, events: dict[Any, int]) -> bool:
         """Commands, inputs and coordinator messages that are ready; False once stopping."""
         if self._wake_r in events:
-            self._run_commands()
+            self._mailbox.run_pending()
             if self._stop:
                 return False
         if self._reading:
@@ -396,7 +382,7 @@ class EngineRunner:
 
     def _ready_now(self) -> dict[Any, int]:
         events: dict[Any, int] = {}
-        if not self._commands.empty():
+        if self._mailbox.pending():
             events[self._wake_r] = _POLLIN
         if self._reading:
             for sock in self._inputs:
@@ -406,13 +392,6 @@ class EngineRunner:
         if sub is not None and cast(int, sub.get(_EVENTS)) & _POLLIN:
             events[sub] = _POLLIN
         return events
-
-    def _run_commands(self) -> None:
-        # BlockingIOError: the command was queued before its wake byte was written.
-        with contextlib.suppress(BlockingIOError):
-            os.read(self._wake_r, 4096)
-        while not self._commands.empty():
-            self._commands.get_nowait()()
 
     def _make_poller(self) -> zmq.Poller:
         self._sockets_changed = False
@@ -426,11 +405,7 @@ class EngineRunner:
         return poller
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
-        for _ in range(_DRAIN_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in drain(sock, _DRAIN_BATCH):
             self.core.receive(frames, time.monotonic())
 
     def _send(self, item: Outgoing) -> None:

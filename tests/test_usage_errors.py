@@ -29,6 +29,8 @@ def run_pytest(tmp: Path, *args: str, env: dict[str, str] | None = None
     (["--frontend", "nosuch"], "unknown frontend 'nosuch'"),
     (["--frontend", "mutant:nosuch"], "unknown mutant 'nosuch'"),
     (["--frontend", "subprocess:"], "names nothing"),
+    (["--frontend", "kv:nosuch"], "unknown KV worker 'nosuch'"),
+    (["--frontend", "ec:mutant:nosuch"], "unknown EC scheduler mutant 'nosuch'"),
     (["--frontend", "vllm-rs@0.21.0"], "vllm 0.21.0 ships no Rust frontend"),
     (["--frontend", "vllm-rs@0.99.0"], "no protocol profile for vllm 0.99.0"),
     (["--timescale", "-1"], "--timescale must be a positive factor"),
@@ -46,8 +48,65 @@ def test_usage_errors_exit_4_with_one_line(tmp_path: Path, args: list[str], says
 
 def test_check_spec_accepts_every_documented_form() -> None:
     for spec in ("reference", "reference-subprocess", "vllm-rs", "vllm-rs@0.22.1", "vllm-py",
-                 "subprocess:./my-driver --verbose", "mutant:duplicate_abort"):
+                 "subprocess:./my-driver --verbose", "mutant:duplicate_abort", "kv:reference",
+                 "kv:vllm-nixl", "kv:mutant:skips_neighbours", "ec:vllm",
+                 "ec:mutant:never_retries"):
         check_spec(spec)
+
+
+@pytest.mark.parametrize("resolve, spec, says", [
+    ("core", "mutant:nosuch", "unknown mutant 'nosuch'"),
+    ("core", "mutant:", "core spec 'mutant:' names nothing after 'mutant:'"),
+    ("core", "nomodule", "expected reference, mutant:NAME or module:Attr"),
+    ("kv", "mutant:nosuch", "unknown KV worker mutant 'nosuch'"),
+    ("kv", "vllm", "unknown KV worker 'vllm': use reference, vllm-nixl or mutant:NAME"),
+    ("ec", "vllm-nixl", "unknown EC scheduler 'vllm-nixl': use reference, vllm or mutant:NAME"),
+])
+def test_every_spec_family_is_parsed_by_the_registry(resolve: str, spec: str, says: str
+                                                     ) -> None:
+    """Stateful cores and component units go through `registry.parse_spec` like frontends:
+    the same forms, the same errors."""
+    from harness.components import ec_scheduler_factory, kv_worker_factory
+    from harness.stateful import resolve_core
+
+    chosen = {"core": resolve_core, "kv": kv_worker_factory, "ec": ec_scheduler_factory}
+    with pytest.raises(ValueError) as info:
+        chosen[resolve](spec)
+    assert says in str(info.value)
+
+
+def test_component_units_resolve_through_the_registry() -> None:
+    from harness.components import (
+        ec_scheduler_factory,
+        kv_worker_factory,
+        reference_factory,
+    )
+    from harness.components.ec_mutants import MUTANTS as EC_MUTANTS
+    from harness.components.ec_reference import reference_ec_factory
+    from harness.components.kv_mutants import MUTANTS as KV_MUTANTS
+    from harness.frontends.mutants import MUTANTS
+    from harness.frontends.reference.core import ReferenceFrontendCore
+    from harness.stateful import resolve_core
+
+    assert kv_worker_factory("reference") is reference_factory
+    assert kv_worker_factory("mutant:skips_neighbours") is KV_MUTANTS["skips_neighbours"]
+    assert ec_scheduler_factory("reference") is reference_ec_factory
+    assert ec_scheduler_factory("mutant:never_retries") is EC_MUTANTS["never_retries"]
+    assert resolve_core("") is resolve_core("reference") is ReferenceFrontendCore
+    assert resolve_core("mutant:duplicate_abort") is MUTANTS["duplicate_abort"].core
+    assert resolve_core("harness.frontends.reference.core:ReferenceFrontendCore"
+                        ) is ReferenceFrontendCore
+
+
+def test_every_component_unit_location_resolves() -> None:
+    """The slots name their units as "module:attribute" (imported on use): each must exist.
+    Importing the adapter modules does not import vLLM."""
+    from harness.components import EC_SCHEDULERS, KV_WORKERS
+    from harness.components.units import _load
+
+    for slot in (KV_WORKERS, EC_SCHEDULERS):
+        for where in [*slot.units.values(), slot.mutants, *slot.preloads.values()]:
+            assert callable(_load(where)) or isinstance(_load(where), dict), where
 
 
 def test_transcript_file_names_survive_any_frontend_spec() -> None:

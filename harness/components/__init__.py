@@ -14,40 +14,78 @@ The scheduler under test for EC deferral (`components.ec_deferral.*`, PR #41627)
 * `reference` (default): `ReferenceECScheduler`, the harness's own scheduler model;
 * `vllm`: vLLM 0.33.0's `Scheduler` on CPU with a fake EC connector (needs the vllm lane);
 * `mutant:NAME`: a deliberately broken scheduler from `harness.components.ec_mutants`.
+
+How a unit is chosen is one class (`units.ComponentSlot`); `KV_WORKERS` and `EC_SCHEDULERS`
+are its two instances.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 from harness.components.ec_contract import SchedulerFactory
-from harness.components.kv_worker import (
-    FakeTransport,
+from harness.components.kv_contract import (
     HookRecorder,
     KVConnectorWorker,
     KVWorkerRig,
     LoadMetadata,
-    Outcome,
     PassRecord,
     RecvHooks,
     RecvSpec,
-    ReferenceKVWorker,
-    TransportFault,
     WorkerFactory,
-    reference_factory,
 )
+from harness.components.kv_reference import ReferenceKVWorker, reference_factory
+from harness.components.kv_transport import FakeTransport, Outcome, TransportFault
+from harness.components.units import DEFAULT_UNIT, ComponentSlot
 
 ENV_KV_WORKER = "COREWIRE_KV_WORKER"
-DEFAULT_KV_WORKER = "reference"
+DEFAULT_KV_WORKER = DEFAULT_UNIT
 ENV_EC_SCHEDULER = "COREWIRE_EC_SCHEDULER"
-DEFAULT_EC_SCHEDULER = "reference"
+DEFAULT_EC_SCHEDULER = DEFAULT_UNIT
 EC_CASE_PREFIX = "components.ec_"
+
+
+_HERE = "harness.components"
+KV_WORKERS: ComponentSlot[WorkerFactory] = ComponentSlot(
+    "kv", "KV worker", ENV_KV_WORKER,
+    units={"reference": f"{_HERE}.kv_reference:reference_factory",
+           "vllm-nixl": f"{_HERE}.vllm_nixl:vllm_nixl_factory"},
+    mutants=f"{_HERE}.kv_mutants:MUTANTS",
+    preloads={"vllm-nixl": f"{_HERE}.vllm_nixl:preload"})
+EC_SCHEDULERS: ComponentSlot[SchedulerFactory] = ComponentSlot(
+    "ec", "EC scheduler", ENV_EC_SCHEDULER,
+    units={"reference": f"{_HERE}.ec_reference:reference_ec_factory",
+           "vllm": f"{_HERE}.vllm_ec:vllm_ec_factory"},
+    mutants=f"{_HERE}.ec_mutants:MUTANTS",
+    preloads={"vllm": f"{_HERE}.vllm_ec:preload"})  # vLLM's import, a first Scheduler
+
+
+def component_slot(kind: str) -> ComponentSlot[Any]:
+    """The slot of a `kv:` / `ec:` spec's kind ("kv" or "ec")."""
+    slots: dict[str, ComponentSlot[Any]] = {"kv": KV_WORKERS, "ec": EC_SCHEDULERS}
+    return slots[kind]
+
+
+def component_label(case_id: str) -> str:
+    """The unit a component case runs against, as the `[...]` part of its test id."""
+    return (EC_SCHEDULERS if case_id.startswith(EC_CASE_PREFIX) else KV_WORKERS).label()
+
+
+kv_worker_name = KV_WORKERS.name
+kv_worker_factory = KV_WORKERS.factory
+preload_kv_worker = KV_WORKERS.preload
+ec_scheduler_name = EC_SCHEDULERS.name
+ec_scheduler_factory = EC_SCHEDULERS.factory
+preload_ec_scheduler = EC_SCHEDULERS.preload
 
 __all__ = [
     "DEFAULT_EC_SCHEDULER",
     "DEFAULT_KV_WORKER",
+    "EC_SCHEDULERS",
     "ENV_EC_SCHEDULER",
     "ENV_KV_WORKER",
+    "KV_WORKERS",
+    "ComponentSlot",
     "FakeTransport",
     "HookRecorder",
     "KVConnectorWorker",
@@ -61,78 +99,12 @@ __all__ = [
     "TransportFault",
     "WorkerFactory",
     "component_label",
+    "component_slot",
     "ec_scheduler_factory",
     "ec_scheduler_name",
-    "kv_worker_name",
     "kv_worker_factory",
+    "kv_worker_name",
     "preload_ec_scheduler",
     "preload_kv_worker",
     "reference_factory",
 ]
-
-
-def kv_worker_name() -> str:
-    return os.environ.get(ENV_KV_WORKER, "").strip() or DEFAULT_KV_WORKER
-
-
-def kv_worker_factory(name: str | None = None) -> WorkerFactory:
-    """The factory for `name` (default: `$COREWIRE_KV_WORKER`, else the reference)."""
-    name = name or kv_worker_name()
-    if name == "reference":
-        return reference_factory
-    if name == "vllm-nixl":
-        from harness.components.vllm_nixl import vllm_nixl_factory
-
-        return vllm_nixl_factory
-    if name.startswith("mutant:"):
-        from harness.components.kv_mutants import mutant_factory
-
-        return mutant_factory(name.split(":", 1)[1])
-    raise ValueError(f"unknown KV worker {name!r} (${ENV_KV_WORKER}): use reference, "
-                     "vllm-nixl or mutant:NAME")
-
-
-def preload_kv_worker(name: str | None = None) -> None:
-    """Pay slow imports up front (at collection), so no case spends its time bound on them."""
-    if (name or kv_worker_name()) == "vllm-nixl":
-        from harness.components.vllm_nixl import preload
-
-        preload()
-
-
-def component_label(case_id: str) -> str:
-    """The unit a component case runs against, as the `[...]` part of its test id."""
-    if case_id.startswith(EC_CASE_PREFIX):
-        return f"ec:{ec_scheduler_name()}"
-    return f"kv:{kv_worker_name()}"
-
-
-def ec_scheduler_name() -> str:
-    return os.environ.get(ENV_EC_SCHEDULER, "").strip() or DEFAULT_EC_SCHEDULER
-
-
-def ec_scheduler_factory(name: str | None = None) -> SchedulerFactory:
-    """The factory for `name` (default: `$COREWIRE_EC_SCHEDULER`, else the reference)."""
-    name = name or ec_scheduler_name()
-    if name == "reference":
-        from harness.components.ec_reference import reference_ec_factory
-
-        return reference_ec_factory
-    if name == "vllm":
-        from harness.components.vllm_ec import vllm_ec_factory
-
-        return vllm_ec_factory
-    if name.startswith("mutant:"):
-        from harness.components.ec_mutants import ec_mutant_factory
-
-        return ec_mutant_factory(name.split(":", 1)[1])
-    raise ValueError(f"unknown EC scheduler {name!r} (${ENV_EC_SCHEDULER}): use reference, "
-                     "vllm or mutant:NAME")
-
-
-def preload_ec_scheduler(name: str | None = None) -> None:
-    """Pay vLLM's import and first Scheduler build up front (at collection)."""
-    if (name or ec_scheduler_name()) == "vllm":
-        from harness.components.vllm_ec import preload
-
-        preload()

@@ -8,14 +8,7 @@ the suite against one with COREWIRE_EC_SCHEDULER=mutant:NAME.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from harness.components.ec_contract import (
-    ECScheduler,
-    FakeECConnector,
-    SchedulerFactory,
-    SchedulerShape,
-)
+from harness.components.ec_contract import FakeECConnector, SchedulerFactory, SchedulerShape
 from harness.components.ec_reference import ReferenceECScheduler, RequestState, StepDraft
 
 
@@ -119,7 +112,9 @@ class GatesTextOnly(ReferenceECScheduler):
         return self.connector.ensure_cache_available(state.spec, num_computed_tokens)
 
 
-MUTANTS: dict[str, Callable[[FakeECConnector, SchedulerShape], ReferenceECScheduler]] = {
+# Each class is its own factory: built on the connector with the shape. Chosen by
+# `harness.components.EC_SCHEDULERS` for "mutant:NAME".
+MUTANTS: dict[str, SchedulerFactory] = {
     "allocates_before_checking": AllocatesBeforeChecking,
     "prefills_up_to_staging_item": PrefillsUpToStagingItem,
     "blocks_queue_behind_staging": BlocksQueueBehindStaging,
@@ -131,16 +126,3 @@ MUTANTS: dict[str, Callable[[FakeECConnector, SchedulerShape], ReferenceECSchedu
     "gates_only_admission": GatesOnlyAdmission,
     "gates_text_only": GatesTextOnly,
 }
-
-
-def ec_mutant_factory(name: str) -> SchedulerFactory:
-    try:
-        cls = MUTANTS[name]
-    except KeyError:
-        raise ValueError(f"unknown EC scheduler mutant {name!r}; known: "
-                         f"{', '.join(sorted(MUTANTS))}") from None
-
-    def factory(connector: FakeECConnector, shape: SchedulerShape) -> ECScheduler:
-        return cls(connector, shape)
-
-    return factory

@@ -8,15 +8,9 @@ caught by at least one case; run the suite against one with COREWIRE_KV_WORKER=m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from harness.components.kv_worker import (
-    FakeTransport,
-    KVConnectorWorker,
-    RecvHooks,
-    ReferenceKVWorker,
-    WorkerFactory,
-)
+from harness.components.kv_contract import RecvHooks, WorkerFactory
+from harness.components.kv_reference import ReferenceKVWorker
+from harness.components.kv_transport import FakeTransport
 
 
 class PostProcessesFailures(ReferenceKVWorker):
@@ -126,7 +120,9 @@ class _NoHooks:
         return None
 
 
-MUTANTS: dict[str, Callable[[FakeTransport, RecvHooks], ReferenceKVWorker]] = {
+# Each class is its own factory: built on the transport, reporting to the hooks. Chosen by
+# `harness.components.KV_WORKERS` for "mutant:NAME".
+MUTANTS: dict[str, WorkerFactory] = {
     "post_processes_failures": PostProcessesFailures,
     "err_counts_as_done": ErrCountsAsDone,
     "reports_failures_twice": ReportsFailuresTwice,
@@ -136,16 +132,3 @@ MUTANTS: dict[str, Callable[[FakeTransport, RecvHooks], ReferenceKVWorker]] = {
     "drops_unreleasable_handles": DropsUnreleasableHandles,
     "skips_neighbours": SkipsNeighbours,
 }
-
-
-def mutant_factory(name: str) -> WorkerFactory:
-    try:
-        cls = MUTANTS[name]
-    except KeyError:
-        raise ValueError(f"unknown KV worker mutant {name!r}; known: "
-                         f"{', '.join(sorted(MUTANTS))}") from None
-
-    def factory(transport: FakeTransport, hooks: RecvHooks) -> KVConnectorWorker:
-        return cls(transport, hooks)
-
-    return factory

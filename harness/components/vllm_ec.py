@@ -17,14 +17,12 @@ Why this works without a multimodal model, weights or a GPU:
   for items cached by the frontend), so the Scheduler's real encoder-input scheduling,
   KV allocation and prefix caching run on them.
 
-vLLM is imported with importlib so mypy never analyses it.
+vLLM is imported through vllm_cpu.py (importlib: mypy never analyses it).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,27 +33,22 @@ from harness.components.ec_contract import (
     ScheduledStep,
     SchedulerShape,
 )
-
-MAX_MODEL_LEN = 256
+from harness.components.vllm_cpu import (
+    MAX_MODEL_LEN,
+    full_attention_kv_cache,
+    import_vllm,
+    tiny_model_config,
+)
 
 
 @functools.cache
 def _vllm() -> SimpleNamespace:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # loopback only, as for everything vLLM
-    return SimpleNamespace(
-        torch=importlib.import_module("torch"),
-        config=importlib.import_module("vllm.config"),
-        kv_iface=importlib.import_module("vllm.v1.kv_cache_interface"),
-        scheduler=importlib.import_module("vllm.v1.core.sched.scheduler"),
-        structured=importlib.import_module("vllm.v1.structured_output"),
-        encoder_cache=importlib.import_module("vllm.v1.core.encoder_cache_manager"),
-        kv_utils=importlib.import_module("vllm.v1.core.kv_cache_utils"),
-        hashing=importlib.import_module("vllm.utils.hashing"),
-        request=importlib.import_module("vllm.v1.request"),
-        sampling=importlib.import_module("vllm.sampling_params"),
-        mm_inputs=importlib.import_module("vllm.multimodal.inputs"),
-    )
+    return import_vllm(
+        scheduler="vllm.v1.core.sched.scheduler", structured="vllm.v1.structured_output",
+        encoder_cache="vllm.v1.core.encoder_cache_manager",
+        kv_utils="vllm.v1.core.kv_cache_utils", hashing="vllm.utils.hashing",
+        request="vllm.v1.request", sampling="vllm.sampling_params",
+        mm_inputs="vllm.multimodal.inputs")
 
 
 def preload() -> None:
@@ -66,11 +59,8 @@ def preload() -> None:
 @functools.cache
 def _configs(shape: SchedulerShape) -> tuple[Any, Any, Any]:
     """(VllmConfig, KVCacheConfig, block hasher) for the tiny llama on CPU."""
-    from harness.vllm_dist import tiny_model_dir
-
     v = _vllm()
-    model = v.config.ModelConfig(model=str(tiny_model_dir()), dtype="float32",
-                                 skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN)
+    model = tiny_model_config(v)
     cache = v.config.CacheConfig(block_size=shape.block_size, enable_prefix_caching=True)
     cache.num_gpu_blocks = shape.num_blocks
     sched = v.config.SchedulerConfig(
@@ -78,12 +68,9 @@ def _configs(shape: SchedulerShape) -> tuple[Any, Any, Any]:
         max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True, is_encoder_decoder=False)
     vllm_config = v.config.VllmConfig(model_config=model, cache_config=cache,
                                       scheduler_config=sched)
-    spec = v.kv_iface.FullAttentionSpec(
-        block_size=shape.block_size, num_kv_heads=model.get_total_num_kv_heads(),
-        head_size=model.get_head_size(), dtype=v.torch.float32)
-    kv_cache_config = v.kv_iface.KVCacheConfig(
-        num_blocks=shape.num_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
+    kv_cache_config = full_attention_kv_cache(v, model, block_size=shape.block_size,
+                                              num_blocks=shape.num_blocks,
+                                              layers=["model.layers.0.self_attn.attn"])
     hash_fn = v.hashing.get_hash_fn_by_name(cache.prefix_caching_hash_algo)
     v.kv_utils.init_none_hash(hash_fn)
     hasher = v.kv_utils.get_request_block_hasher(shape.block_size, hash_fn)

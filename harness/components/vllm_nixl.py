@@ -18,26 +18,22 @@ Why this works without NIXL or a GPU (the same seams vLLM's unit tests use):
 
 A request with `reads=n` is passed to vLLM's `start_load_kv` in n consecutive calls, which
 posts one more transfer handle per call (as vLLM's `test_multi_xfer_one_engine` does).
-vLLM is imported with importlib so mypy never analyses it.
+vLLM is imported through vllm_cpu.py (importlib: mypy never analyses it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from harness.components.kv_worker import (
-    FakeTransport,
-    KVConnectorWorker,
-    LoadMetadata,
-    RecvHooks,
-)
+from harness.components.kv_contract import KVConnectorWorker, LoadMetadata, RecvHooks
+from harness.components.kv_transport import FakeTransport
+from harness.components.vllm_cpu import full_attention_kv_cache, import_vllm, tiny_model_config
 
 ENGINE_ID = "corewire-decode"
 BLOCK_SIZE = 32  # the CPU attention backend's kernel block size is a multiple of 32
@@ -48,17 +44,8 @@ NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
 @functools.cache
 def _vllm() -> SimpleNamespace:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # loopback only, as for everything vLLM
-    return SimpleNamespace(
-        torch=importlib.import_module("torch"),
-        msgspec=importlib.import_module("msgspec"),
-        config=importlib.import_module("vllm.config"),
-        kv_iface=importlib.import_module("vllm.v1.kv_cache_interface"),
-        base_worker=importlib.import_module(f"{NIXL}.base_worker"),
-        pull_worker=importlib.import_module(f"{NIXL}.pull_worker"),
-        metadata=importlib.import_module(f"{NIXL}.metadata"),
-    )
+    return import_vllm(msgspec="msgspec", base_worker=f"{NIXL}.base_worker",
+                       pull_worker=f"{NIXL}.pull_worker", metadata=f"{NIXL}.metadata")
 
 
 def preload() -> None:
@@ -70,23 +57,16 @@ def preload() -> None:
 @functools.cache
 def _configs() -> tuple[Any, Any]:
     """(VllmConfig, KVCacheConfig) for the checked-in tiny llama, on CPU."""
-    from harness.vllm_dist import tiny_model_dir
-
     v = _vllm()
-    model = v.config.ModelConfig(model=str(tiny_model_dir()), dtype="float32",
-                                 skip_tokenizer_init=True, max_model_len=256)
+    model = tiny_model_config(v)
     cache = v.config.CacheConfig(block_size=BLOCK_SIZE)
     cache.kv_cache_layout = "LBHNC"  # what the engine core would resolve for CPU_ATTN
     kv = v.config.KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both",
                                    kv_buffer_device="cpu")
     vllm_config = v.config.VllmConfig(model_config=model, cache_config=cache,
                                       kv_transfer_config=kv)
-    spec = v.kv_iface.FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=model.get_total_num_kv_heads(),
-        head_size=model.get_head_size(), dtype=v.torch.float32)
-    kv_cache_config = v.kv_iface.KVCacheConfig(
-        num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-        kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(list(LAYERS), spec)])
+    kv_cache_config = full_attention_kv_cache(v, model, block_size=BLOCK_SIZE,
+                                              num_blocks=NUM_BLOCKS, layers=LAYERS)
     return vllm_config, kv_cache_config
 
 

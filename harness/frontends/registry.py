@@ -1,10 +1,14 @@
-"""Frontend specs on the command line -> drivers (imports are lazy: vllm is heavy)."""
+"""Spec strings -> what they name: frontends on the command line -> drivers, and the same
+grammar for the component units (`kv:`/`ec:` and $COREWIRE_KV_WORKER / $COREWIRE_EC_SCHEDULER)
+and the stateful fuzzer's cores. Imports are lazy: vllm is heavy."""
 
 from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from harness.frontends.driver import FrontendDriver
 
@@ -12,31 +16,67 @@ REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
-PREFIXES = ("subprocess:", "mutant:", "kv:", "ec:", "vllm-rs@")
+MUTANT_PREFIX = "mutant:"
+PREFIXES = ("subprocess:", MUTANT_PREFIX, "kv:", "ec:", "vllm-rs@")
+COMPONENT_KINDS = ("kv", "ec")  # a component unit under test, not a frontend
 USAGE = ("reference, reference-subprocess, vllm-rs, vllm-rs@X, vllm-py, subprocess:'CMD', "
          "mutant:NAME, kv:NAME or ec:NAME")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SpecGrammar:
+    """What one family of spec strings may be: whole names, and prefixes followed by an
+    argument (`mutant:NAME`). Frontends, component units and stateful cores each have one."""
+
+    what: str  # how an error names the spec: "frontend", "KV worker"
+    known: tuple[str, ...]
+    prefixes: tuple[str, ...] = (MUTANT_PREFIX,)
+    usage: str = ""  # the forms, for the error line
+    other: str | None = None  # the kind of any other text (None: any other text is an error)
+
+
+FRONTENDS = SpecGrammar("frontend", KNOWN, PREFIXES, USAGE)
 
 
 @dataclass(frozen=True)
 class FrontendSpec:
-    """A `--frontend` value, parsed once: its kind and what follows the prefix."""
+    """A spec (a `--frontend` value by default), parsed once: its kind and what follows the
+    prefix."""
 
     text: str
-    kind: str  # a KNOWN name, or a prefix without its separator: "subprocess", "mutant", ...
+    kind: str  # a known name, or a prefix without its separator: "subprocess", "mutant", ...
     argument: str = ""  # the command, mutant name, release or component unit
 
+    @property
+    def is_component(self) -> bool:
+        """`kv:NAME` / `ec:NAME`: a component unit for the component cases, not a frontend."""
+        return self.kind in COMPONENT_KINDS
 
-def parse_spec(text: str) -> FrontendSpec:
-    """The one parser of frontend specs. ValueError carries the line a user needs."""
-    if text in KNOWN:
+
+def parse_spec(text: str, grammar: SpecGrammar = FRONTENDS) -> FrontendSpec:
+    """The one parser of spec strings. ValueError carries the line a user needs."""
+    if text in grammar.known:
         return FrontendSpec(text, text)
-    prefix = next((p for p in PREFIXES if text.startswith(p)), None)
+    prefix = next((p for p in grammar.prefixes if text.startswith(p)), None)
     if prefix is None:
-        raise ValueError(f"unknown frontend {text!r}: use {USAGE}")
+        if grammar.other is not None:
+            return FrontendSpec(text, grammar.other, text)
+        raise ValueError(f"unknown {grammar.what} {text!r}: use {grammar.usage}")
     argument = text[len(prefix):].strip()
     if not argument:
-        raise ValueError(f"frontend {text!r} names nothing after {prefix!r}")
+        raise ValueError(f"{grammar.what} {text!r} names nothing after {prefix!r}")
     return FrontendSpec(text, prefix.rstrip(":@"), argument)
+
+
+def lookup(table: Mapping[str, T], name: str, what: str) -> T:
+    """`table[name]`, or ValueError naming what is known (mutant tables, mostly)."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}"
+                         ) from None
 
 
 def check_spec(spec: str) -> None:
@@ -58,9 +98,11 @@ def check_spec(spec: str) -> None:
     elif parsed.kind == "mutant":
         from harness.frontends.mutants import MUTANTS
 
-        if parsed.argument not in MUTANTS:
-            raise ValueError(f"unknown mutant {parsed.argument!r}; known: "
-                             f"{', '.join(sorted(MUTANTS))}")
+        lookup(MUTANTS, parsed.argument, "mutant")
+    elif parsed.is_component:
+        from harness.components import component_slot
+
+        component_slot(parsed.kind).check(parsed.argument)
 
 
 def make_driver(spec: str) -> FrontendDriver:
@@ -89,7 +131,7 @@ def make_driver(spec: str) -> FrontendDriver:
         from harness.frontends.vllm_py import VllmPyDriver
 
         return VllmPyDriver()
-    if parsed.kind in ("kv", "ec"):  # component cases: no frontend involved
+    if parsed.is_component:  # component cases: no frontend involved
         from harness.frontends.no_frontend import NoFrontend
 
         return NoFrontend(spec)

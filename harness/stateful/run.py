@@ -17,6 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
+from harness.frontends.registry import SpecGrammar, lookup, parse_spec
 from harness.stateful.machine import FrontendMachine
 from harness.stateful.replays import write_replay
 from harness.stateful.settings import stateful_settings
@@ -24,20 +25,24 @@ from harness.stateful.settings import stateful_settings
 SEED_ENV = "COREWIRE_STATEFUL_SEED"
 
 
+# What the machine may run against: the same grammar as `--frontend`'s, any other text an
+# import path.
+CORES = SpecGrammar("core spec", ("reference",), usage="reference, mutant:NAME or module:Attr",
+                    other="import")
+
+
 def resolve_core(spec: str) -> CoreFactory:
     """"reference", "mutant:NAME" (harness/frontends/mutants.py) or "package.module:Attr"."""
-    if spec in ("", "reference"):
+    parsed = parse_spec(spec or "reference", CORES)
+    if parsed.kind == "reference":
         return ReferenceFrontendCore
-    if spec.startswith("mutant:"):
+    if parsed.kind == "mutant":
         from harness.frontends.mutants import MUTANTS
 
-        name = spec.split(":", 1)[1]
-        if name not in MUTANTS:
-            raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
-        return MUTANTS[name].core
+        return lookup(MUTANTS, parsed.argument, "mutant").core
     module, _, attr = spec.partition(":")
     if not attr:
-        raise ValueError(f"core spec {spec!r}: expected reference, mutant:NAME or module:Attr")
+        raise ValueError(f"core spec {spec!r}: expected {CORES.usage}")
     target: Any = importlib.import_module(module)
     for part in attr.split("."):
         target = getattr(target, part)

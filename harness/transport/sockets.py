@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import zmq
 
 _HWM_RECV = {zmq.PULL, zmq.DEALER, zmq.ROUTER}
@@ -27,3 +29,18 @@ def make_socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, *, identity: byt
 def engine_identity(rank: int) -> bytes:
     """A DP rank as the 2-byte little-endian ZMQ identity engines use."""
     return rank.to_bytes(2, "little")
+
+
+def identity_rank(identity: bytes) -> int:
+    """The DP rank an engine's ZMQ identity names (the inverse of `engine_identity`)."""
+    return int.from_bytes(identity, "little")
+
+
+def drain(sock: zmq.Socket[bytes], limit: int) -> Iterator[list[bytes]]:
+    """The messages waiting on `sock`, at most `limit` (never blocks): a socket thread reads
+    a bounded batch per wake, so one busy peer cannot starve its other sockets."""
+    for _ in range(limit):
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return

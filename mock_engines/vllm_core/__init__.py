@@ -6,15 +6,17 @@ can compare what mock engines do with what vLLM does. Importing this package doe
 vLLM; only the engine server process (and `stub_executor`) does.
 """
 
-from mock_engines.vllm_core.engine_group import (
+from mock_engines.vllm_core.engine_group import VllmCoreEngine, VllmCoreGroup
+from mock_engines.vllm_core.engine_server import (
+    SERVER_START_TIMEOUT,
     EngineUnavailable,
-    VllmCoreEngine,
     VllmCoreError,
-    VllmCoreGroup,
     check_available,
+    engine_server,
     shutdown_servers,
 )
 from mock_engines.vllm_core.proxy import RecordingProxy
 
-__all__ = ["EngineUnavailable", "RecordingProxy", "VllmCoreEngine", "VllmCoreError",
-           "VllmCoreGroup", "check_available", "shutdown_servers"]
+__all__ = ["SERVER_START_TIMEOUT", "EngineUnavailable", "RecordingProxy", "VllmCoreEngine",
+           "VllmCoreError", "VllmCoreGroup", "check_available", "engine_server",
+           "shutdown_servers"]

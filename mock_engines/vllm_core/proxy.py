@@ -25,15 +25,13 @@ The proxy can also inject the faults conformance cases ask engines for (ENGINE_C
 garbage frames, stopping to read, closing sockets); each is recorded on the "fault"
 channel and says that the proxy, not the real engine, produced it.
 
-One thread owns every socket; other threads talk to it through a command queue.
+One thread owns every socket; other threads talk to it through a `Mailbox`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,8 +42,9 @@ import msgspec
 import zmq
 
 from harness.transport.endpoints import PrivateIpcDir
-from harness.transport.sockets import make_socket
+from harness.transport.sockets import drain, identity_rank, make_socket
 from harness.wire import DEFAULT_CODEC, EngineDead, ProtocolError, WireCodec
+from mock_engines.mailbox import Mailbox
 from mock_engines.transcript import Record, Transcript
 
 _MAX_POLL_MS = 200  # the longest the thread sleeps without checking its stop flag
@@ -102,9 +101,7 @@ class RecordingProxy:
         self._started = False
         self._sockets_changed = True
         self._handlers: dict[Any, Callable[[], None]] = {}
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._mailbox = Mailbox()
         self._setup_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="recording-proxy", daemon=True)
 
@@ -178,13 +175,8 @@ class RecordingProxy:
         """Stop the thread, close every socket, terminate the context (bounded)."""
         if self._started:
             self._stop = True
-            self._wake()
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"recording proxy did not stop within {timeout}s")
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            self._mailbox.stop_owner(self._thread, timeout, "recording proxy")
+        self._mailbox.close()
         self.ctx.term()
         if self._own_ipc:
             self._ipc.cleanup()
@@ -230,14 +222,9 @@ class RecordingProxy:
 
     def call(self, command: Callable[[], None]) -> None:
         """Run `command` on the proxy thread (the only thread that touches its sockets)."""
-        self._commands.put(command)
-        self._wake()
+        self._mailbox.put(command)
 
     # ------------------------------------------------------------------ thread
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
         try:
@@ -281,11 +268,8 @@ class RecordingProxy:
             if self._sockets_changed:
                 poller = self._make_poller()
             events = dict(poller.poll(_MAX_POLL_MS))
-            if self._wake_r in events:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-                while not self._commands.empty():
-                    self._commands.get_nowait()()
+            if self._mailbox.fd in events:
+                self._mailbox.run_pending()
                 if self._stop:
                     break
             for sock in events:
@@ -296,7 +280,7 @@ class RecordingProxy:
     def _make_poller(self) -> zmq.Poller:
         self._sockets_changed = False
         poller = zmq.Poller()
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._mailbox.fd, zmq.POLLIN)
         frontend_inputs = {s for c in self._clients for s in c.fe_in.values()}
         for sock in self._handlers:
             if sock in frontend_inputs and not self._reading:
@@ -309,13 +293,9 @@ class RecordingProxy:
     def _on_engine_input(self, client: _Client) -> None:
         """Engine DEALER -> proxy ROUTER: the ready frame (first), then anything else."""
         assert client.eng_in is not None
-        for _ in range(_DRAIN_BATCH):
-            try:
-                identity, *frames = client.eng_in.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for identity, *frames in drain(client.eng_in, _DRAIN_BATCH):
             now = time.monotonic()
-            rank = int.from_bytes(identity, "little")
+            rank = identity_rank(identity)
             dealer = client.fe_in.get(identity)
             if client.mirrored_disconnect:
                 self._record(Record(now, rank, "out", "input", tuple(frames), None, None,
@@ -362,11 +342,7 @@ class RecordingProxy:
     def _on_engine_output(self, client: _Client) -> None:
         """Engine PUSH -> proxy PULL -> frontend PULL: outputs, utility replies, DEAD."""
         assert client.eng_out is not None
-        for _ in range(_DRAIN_BATCH):
-            try:
-                frames = client.eng_out.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in drain(client.eng_out, _DRAIN_BATCH):
             now = time.monotonic()
             message, error = self._decode(self.codec.decode_outputs, frames)
             if message is not None and not isinstance(message, EngineDead):
@@ -389,12 +365,8 @@ class RecordingProxy:
         """Frontend ROUTER -> proxy DEALER -> engine DEALER (through the proxy ROUTER)."""
         if not self._reading or client.eng_in is None:
             return
-        rank = int.from_bytes(identity, "little")
-        for _ in range(_DRAIN_BATCH):
-            try:
-                frames = dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        rank = identity_rank(identity)
+        for frames in drain(dealer, _DRAIN_BATCH):
             now = time.monotonic()
             message, error = self._decode(self.codec.decode_engine_input, frames)
             self._record(Record(now, rank, "in", "input", tuple(frames), message, error))
@@ -405,13 +377,9 @@ class RecordingProxy:
     def _on_engine_handshake(self) -> None:
         """Engine HELLO / READY -> frontend handshake ROUTER (one DEALER per engine)."""
         assert self._eng_hs is not None and self._frontend_handshake is not None
-        for _ in range(_DRAIN_BATCH):
-            try:
-                identity, *frames = self._eng_hs.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for identity, *frames in drain(self._eng_hs, _DRAIN_BATCH):
             now = time.monotonic()
-            rank = int.from_bytes(identity, "little")
+            rank = identity_rank(identity)
             message, error = self._decode(self.codec.decode_handshake_status, frames[-1])
             status = getattr(message, "status", "?")
             self._record(Record(now, rank, "out", "handshake", tuple(frames), message, error,
@@ -430,13 +398,9 @@ class RecordingProxy:
     def _on_init(self, identity: bytes, dealer: zmq.Socket[bytes]) -> None:
         """Frontend INIT -> engine, with the data addresses pointed at the proxy."""
         assert self._eng_hs is not None
-        for _ in range(_DRAIN_BATCH):
-            try:
-                frames = dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        rank = identity_rank(identity)
+        for frames in drain(dealer, _DRAIN_BATCH):
             now = time.monotonic()
-            rank = int.from_bytes(identity, "little")
             message, error = self._decode(self.codec.decode_init, frames[-1])
             self._record(Record(now, rank, "in", "handshake", tuple(frames), message, error,
                                 "INIT"))

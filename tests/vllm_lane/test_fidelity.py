@@ -46,7 +46,7 @@ from mock_engines.vllm_core import (
     VllmCoreGroup,
     shutdown_servers,
 )
-from mock_engines.vllm_core.engine_group import SERVER_START_TIMEOUT, engine_server
+from mock_engines.vllm_core.engine_server import SERVER_START_TIMEOUT, engine_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]
 
