@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 # Commands added after the first protocol release: an older driver program that answers
 # them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.
 ADDED_COMMANDS = ("utility", "cancel")
+# How long a program may take to start and answer `init` on top of the case's startup
+# timeout (seconds, before the time-scale factor): the interpreter or binary starting and
+# importing is the program's overhead, not the frontend's startup, and on a loaded machine it
+# alone outlasts the 1.5 s a startup-failure case gives the frontend (the soak caught it).
+PROGRAM_START_S = 20.0
 # Teardown bounds (seconds, before the time-scale factor): the reply to `shutdown`, the exit
 # after it, the exit after SIGTERM, and SIGKILL's verification. At most 9 s in all.
 SHUTDOWN_REPLY_S = 3.0
@@ -285,7 +290,8 @@ class SubprocessDriver(FrontendDriver):
         await self._spawn()
         assert self._workdir is not None
         reply = await self._command(
-            "init", timeout=timeout, protocol=PROTOCOL, workdir=self._workdir.name,
+            "init", timeout=timeout + scaled(PROGRAM_START_S), protocol=PROTOCOL,
+            workdir=self._workdir.name,
             engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group.engines),
             stats_address=group.stats_address, timescale=scaled(1.0),
             **({"handshake": True} if group.handshake else {}),
