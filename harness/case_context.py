@@ -106,6 +106,7 @@ class CaseContext:
     async def close(self) -> list[str]:
         """Shut the frontend and engines down; returns teardown problems (never raises)."""
         problems: list[str] = []
+        spare: list[Any] = []  # zmq contexts still in use by threads that did not stop
         try:  # while the frontend still runs: which temp-dir sockets are this run's
             observe_temp_sockets()
         except Exception as exc:
@@ -120,17 +121,18 @@ class CaseContext:
                 await asyncio.to_thread(self.group.stop)
             except Exception as exc:
                 problems.append(f"engine group stop: {exc}")
+                spare.append(getattr(self.group, "ctx", None))
             problems.extend(f"engine {rank} thread failed: {exc!r}"
                             for rank, exc in self.group.failures())
-        problems.extend(await self._reap_zmq_contexts())
+        problems.extend(await self._reap_zmq_contexts(spare))
         self._ipc.cleanup()
         return problems
 
-    async def _reap_zmq_contexts(self) -> list[str]:
+    async def _reap_zmq_contexts(self, spare: Sequence[Any]) -> list[str]:
         """ZMQ contexts the case's in-process frontend left open: destroyed now (LINGER 0,
         bounded) so the GC never blocks on them later; each named (harness/zmq_guard.py)."""
         try:
-            notes, owners = zmq_guard.close_leaked(self._zmq_mark)  # on the loop's thread
+            notes, owners = zmq_guard.close_leaked(self._zmq_mark, spare)  # loop's thread
             if owners:
                 notes += await asyncio.to_thread(zmq_guard.terminate, owners,
                                                  scaled(zmq_guard.TERM_TIMEOUT))

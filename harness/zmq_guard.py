@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,13 +99,16 @@ def _left_open(ctx: Any) -> bool:
     return not ctx.closed
 
 
-def close_leaked(since: int) -> tuple[list[str], list[Any]]:
+def close_leaked(since: int, spare: Sequence[Any] = ()) -> tuple[list[str], list[Any]]:
     """Close (LINGER 0) the open sockets of every context made after `since` that is still
     open; one note per leaked context, and the owners still to terminate. Call it on the
-    thread that ran the case (asyncio sockets are not thread-safe); never raises."""
+    thread that ran the case (asyncio sockets are not thread-safe). Contexts in `spare` are
+    left alone (the engine group's, when its threads did not stop: they still use it)."""
+    spared = {id(c) for c in spare}
     with _LOCK:
         leaked = sorted(((o, c) for c, o in list(_ORIGINS.items())
-                         if o.serial > since and _left_open(c)), key=lambda oc: oc[0].serial)
+                         if o.serial > since and id(c) not in spared and _left_open(c)),
+                        key=lambda oc: oc[0].serial)
     live_threads = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
     notes: list[str] = []
     owners: list[Any] = []
