@@ -14,7 +14,9 @@ file is only counted when a process of this run was seen holding a socket bound 
 `observe_temp_sockets()` (called at every case teardown, before the driver shuts down, and
 by `snapshot()`) reads /proc/net/unix for sockets bound directly in the temp dir or in a
 `cw-*` dir there, and records the entry when the socket's inode is an open fd of this
-process or of one it started. A file whose binder died before any observation is missed.
+process or of one it started (each inode is looked up once: a busy machine's other sockets
+cost one process scan, not one per case). A file whose binder died before any observation
+is missed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from harness.transport.endpoints import PrivateIpcDir
 OWN_PREFIX = "cw-"  # the prefix of every dir the harness makes in the temp dir
 
 _BOUND: set[str] = set()  # temp-dir entries a socket of this run was seen bound in
+_EXAMINED: set[int] = set()  # socket inodes already attributed (a socket keeps its binder)
+_EXAMINED_MAX = 100_000  # forgotten past this (a long session on a busy machine)
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,17 @@ def observe_temp_sockets() -> None:
     for inode, path in _bound_unix_sockets().items():
         entry = temp_entry(path, roots)
         # Our own in-process ipc dirs are accounted for by `ipc_dirs` already.
-        if entry is not None and entry not in _BOUND and entry not in tracked:
+        if (entry is not None and entry not in _BOUND and entry not in tracked
+                and inode not in _EXAMINED):
             candidates[inode] = entry
     if not candidates:
         return
     for pid in {os.getpid(), *_children()}:
         for inode in _socket_inodes(pid) & candidates.keys():
             _BOUND.add(candidates[inode])
+    if len(_EXAMINED) > _EXAMINED_MAX:
+        _EXAMINED.clear()
+    _EXAMINED.update(candidates)  # other programs' sockets are not looked up again
 
 
 def snapshot() -> Snapshot:
