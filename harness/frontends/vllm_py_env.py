@@ -3,7 +3,7 @@
 vLLM names its own ipc endpoints `ipc://{envs.VLLM_RPC_BASE_PATH}/{uuid4()}`
 (vllm/utils/network_utils.py:175-177, `get_open_zmq_ipc_path`), the base defaulting to
 `tempfile.gettempdir()` (vllm/envs.py:732-734). In the configs vllm-py builds, that is the DP
-coordinator's front publish address (v1/engine/coordinator.py:87-95: `local_only` for a
+coordinator's front publish address (v1/engine/coordinator.py:89-95: `local_only` for a
 frontend that is not in external/hybrid LB mode, so an ipc path even when the engines are
 remote); the coordinator is a process AsyncLLM.shutdown() terminates (v1/utils.py:605-640,
 SIGTERM), so libzmq never unlinks the file, and every DP > 1 handshake-mode case used to

@@ -3,7 +3,7 @@ a pytest run whose TMPDIR is a fresh empty dir, which must be empty again afterw
 
 The case is a DP=2 handshake-mode case: vllm-py then runs vLLM's own DP coordinator, whose
 front publish address is `ipc://{VLLM_RPC_BASE_PATH}/{uuid4()}` (v1/engine/coordinator.py:
-87-95, vllm/utils/network_utils.py:175-177) and is never unlinked (the process is killed at
+89-95, vllm/utils/network_utils.py:175-177) and is never unlinked (the process is killed at
 shutdown). Before the drivers pointed that base at their private dirs, every such case left a
 socket file in /tmp; the second test puts the old behaviour back and checks that the
 session's leak check reports the file (so it cannot come back silently).
