@@ -121,7 +121,9 @@ class CaseContext:
                 await asyncio.to_thread(self.group.stop)
             except Exception as exc:
                 problems.append(f"engine group stop: {exc}")
-                spare.append(getattr(self.group, "ctx", None))
+                # Mock engines' context, or the vLLM-core group's proxy's (vllm_core/).
+                spare += [getattr(self.group, "ctx", None),
+                          getattr(getattr(self.group, "proxy", None), "ctx", None)]
             problems.extend(f"engine {rank} thread failed: {exc!r}"
                             for rank, exc in self.group.failures())
         problems.extend(await self._reap_zmq_contexts(spare))
