@@ -17,8 +17,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness import zmq_guard
 from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
+from harness.leaks import observe_temp_sockets
 from harness.report.excerpt import transcript_excerpt
 from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
@@ -42,6 +44,7 @@ class CaseContext:
         self.group: EngineGroup | None = None
         self.evidence = Evidence()
         self._ipc = PrivateIpcDir()
+        self._zmq_mark = zmq_guard.mark()  # contexts made after this are the case's
 
     def t(self, seconds: float) -> float:
         """A wait bound, scaled by the global time-scale factor."""
@@ -103,6 +106,11 @@ class CaseContext:
     async def close(self) -> list[str]:
         """Shut the frontend and engines down; returns teardown problems (never raises)."""
         problems: list[str] = []
+        spare: list[Any] = []  # zmq contexts still in use by threads that did not stop
+        try:  # while the frontend still runs: which temp-dir sockets are this run's
+            observe_temp_sockets()
+        except Exception as exc:
+            problems.append(f"temp-dir socket accounting: {type(exc).__name__}: {exc}")
         try:
             await asyncio.wait_for(self.driver.shutdown(), scaled(10))
         except Exception as exc:  # reported, never lost
@@ -113,10 +121,26 @@ class CaseContext:
                 await asyncio.to_thread(self.group.stop)
             except Exception as exc:
                 problems.append(f"engine group stop: {exc}")
+                # Mock engines' context, or the vLLM-core group's proxy's (vllm_core/).
+                spare += [getattr(self.group, "ctx", None),
+                          getattr(getattr(self.group, "proxy", None), "ctx", None)]
             problems.extend(f"engine {rank} thread failed: {exc!r}"
                             for rank, exc in self.group.failures())
+        problems.extend(await self._reap_zmq_contexts(spare))
         self._ipc.cleanup()
         return problems
+
+    async def _reap_zmq_contexts(self, spare: Sequence[Any]) -> list[str]:
+        """ZMQ contexts the case's in-process frontend left open: destroyed now (LINGER 0,
+        bounded) so the GC never blocks on them later; each named (harness/zmq_guard.py)."""
+        try:
+            notes, owners = zmq_guard.close_leaked(self._zmq_mark, spare)  # loop's thread
+            if owners:
+                notes += await asyncio.to_thread(zmq_guard.terminate, owners,
+                                                 scaled(zmq_guard.TERM_TIMEOUT))
+        except Exception as exc:  # reported, never raised
+            return [f"zmq context check: {type(exc).__name__}: {exc}"]
+        return notes
 
 
 async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,

@@ -30,6 +30,9 @@ public API those routes call and lets vLLM's own client code speak the wire prot
   that state, and the driver's own bound (UTILITY_TIMEOUT) is longer than any case bound, so
   a frontend that hangs shows up as the case's TIMEOUT, never as a driver-made error.
 
+vLLM's own ipc endpoints (the DP coordinator's) are made in the driver's private ipc dir,
+removed at teardown (vllm_py_env.py: VLLM_RPC_BASE_PATH, set for the driver's lifetime).
+
 Teardown: `AsyncLLM.shutdown()`, then consumer tasks are cancelled (after shutdown, so no
 teardown ABORTs reach the wire), vLLM's background tasks are awaited, and the ZMQ context that
 vLLM leaves to the garbage collector is terminated (bounded), so nothing outlives a case.
@@ -70,6 +73,7 @@ from harness.frontends.driver import (
     UnsupportedOperation,
     check_generate_options,
 )
+from harness.frontends.vllm_py_env import hold_rpc_base, release_rpc_base
 from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
 from harness.frontends.vllm_py_utilities import async_llm_call, normalise
 from harness.timing import scaled
@@ -226,6 +230,10 @@ class VllmPyDriver(FrontendDriver):
                 f"engines start at rank {group.engines[0].rank}: this driver builds AsyncLLM "
                 f"for ranks 0..N-1 only (external/hybrid-LB configs are not built)")
         vllm = _load_vllm()
+        # Every ipc socket of this frontend, vLLM's own included, in a private dir removed at
+        # shutdown (vllm_py_env: VLLM_RPC_BASE_PATH).
+        self._ipc = ipc = PrivateIpcDir()
+        hold_rpc_base(ipc.path)
         if group.handshake:  # AsyncLLM owns HELLO / INIT / READY (vllm_py_handshake.py)
             self._attach_log()
             self._handshake = await handshake.start_owner(vllm, group, timeout)
@@ -242,8 +250,7 @@ class VllmPyDriver(FrontendDriver):
         if dp_size > 1 and group.stats_address is None:
             raise StartupError("DP>1 needs a DP coordinator stats address; the engine group "
                                "has none")
-        self._ipc = PrivateIpcDir()
-        inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
+        inputs, outputs = ipc.address("in"), ipc.address("out")
         # Pre-bound listeners, as `vllm serve --api-server-count N` hands its API servers:
         # engines connect at once instead of retrying until AsyncLLM binds (ZMQ's 100 ms
         # reconnect interval, most of a case's startup otherwise).
@@ -336,6 +343,7 @@ class VllmPyDriver(FrontendDriver):
             listener.close()  # a no-op once AsyncLLM adopted (detached) it
         self._listeners = []
         if self._ipc is not None:
+            release_rpc_base(self._ipc.path)
             self._ipc.cleanup()
             self._ipc = None
         if problems:

@@ -34,6 +34,7 @@ constructor, whose finaliser closes every socket and stops the coordinator.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import copy
 import gc
@@ -95,6 +96,8 @@ def moe_model_dir() -> str:
         with open(os.path.join(path, "config.json"), "w") as fh:
             json.dump({**config, **MOE_CONFIG}, fh)
         _MOE_DIR.append(path)
+        # Once per process, for every case of the run: removed when the process exits.
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
     return _MOE_DIR[0]
 
 

@@ -307,9 +307,14 @@ class VllmRsDriver(FrontendDriver):
         await self._wait_serving(deadline)
 
     def _environment(self) -> dict[str, str]:
-        """Dev-mode routes on; runtime LoRA loading allowed from the adapter fixture only."""
+        """Dev-mode routes on; runtime LoRA loading allowed from the adapter fixture only;
+        any ipc path or temp file the process tree makes (`vllm-rs serve` binds
+        `{base}/vllm-rs-i-<hex>`; the binary names VLLM_RPC_BASE_PATH, as vLLM's Python does
+        for `ipc://{base}/{uuid4}`) in the private dir removed at shutdown."""
+        private = {} if self._ipc is None else {"VLLM_RPC_BASE_PATH": self._ipc.path,
+                                                  "TMPDIR": self._ipc.path}
         return {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
-                "NO_COLOR": "1", **lora_environment([self._lora.allowed_dir])}
+                "NO_COLOR": "1", **private, **lora_environment([self._lora.allowed_dir])}
 
     def _close_listeners(self) -> None:
         for sock in self._listeners:
