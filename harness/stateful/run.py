@@ -19,7 +19,7 @@ from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
 from harness.stateful.machine import FrontendMachine
 from harness.stateful.replays import write_replay
-from harness.stateful.settings import stateful_settings
+from harness.stateful.settings import stateful_settings, stateful_timescale
 
 SEED_ENV = "COREWIRE_STATEFUL_SEED"
 
@@ -61,9 +61,10 @@ def run_stateful(core_factory: CoreFactory = ReferenceFrontendCore, *,
     chosen = settings or stateful_settings()
     run_seed = _new_seed() if seed is None else seed
     failed: list[FrontendMachine] = []
+    timescale = stateful_timescale()  # read once per run, handed to every example
 
     def factory() -> FrontendMachine:
-        machine = FrontendMachine(core_factory, transport)
+        machine = FrontendMachine(core_factory, transport, timescale=timescale)
         machine.on_failure = failed.append
         return machine
 
