@@ -234,6 +234,7 @@ def _bench(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
     options = BenchOptions.quick() if args.quick else BenchOptions()
+    options.timescale = Timescale.from_environment(os.environ)  # read once, handed down
     doc = run_bench(frontends, scenarios, options)
     paths = [write_json(doc, args.report_dir), write_markdown(doc, args.report_dir),
              *write_plots(doc, args.report_dir)]
