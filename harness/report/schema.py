@@ -93,11 +93,19 @@ def decode_result(data: bytes | str) -> CaseResult:
         raise ResultsFileError(f"case result: {exc}") from None
 
 
+def _file_error(where: str, exc: msgspec.DecodeError) -> ResultsFileError:
+    """No JSON at all is `unreadable`; JSON of another shape is `not a corewire
+    results.json`, with the path of the field that is wrong."""
+    if isinstance(exc, msgspec.ValidationError):
+        return ResultsFileError(f"{where}: not a corewire results.json ({exc})")
+    return ResultsFileError(f"{where}: unreadable ({exc})")
+
+
 def parse_document(data: bytes | str, where: str = "results document") -> ResultsDocument:
     try:
         return _DOCUMENT_DECODER.decode(data)
     except msgspec.DecodeError as exc:
-        raise ResultsFileError(f"{where}: not a corewire results.json ({exc})") from None
+        raise _file_error(where, exc) from None
 
 
 def read_document(path: str) -> ResultsDocument:
@@ -114,7 +122,7 @@ def read_results(path: str) -> list[CaseResult]:
     try:
         return _ROWS_DECODER.decode(data).results
     except msgspec.DecodeError as exc:
-        raise ResultsFileError(f"{path}: not a corewire results.json ({exc})") from None
+        raise _file_error(path, exc) from None
 
 
 def document_json(doc: ResultsDocument) -> str:
