@@ -22,7 +22,7 @@ from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.leaks import observe_temp_sockets
 from harness.report.excerpt import transcript_excerpt
-from harness.timing import scaled
+from harness.timing import Timescale, use_in_case
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
@@ -34,9 +34,12 @@ class CaseContext:
     """Per-case handle: the driver, the engine group, timing and evidence."""
 
     def __init__(self, spec: CaseSpec, driver: FrontendDriver,
-                 profile: ProtocolProfile | None = None) -> None:
+                 profile: ProtocolProfile | None = None,
+                 timescale: Timescale | None = None) -> None:
         self.spec = spec
         self.driver = driver
+        # The run's factor for every window (the driver's, unless the caller says).
+        self.timescale = driver.timescale if timescale is None else timescale
         # The protocol the mock engines speak: the run's --profile, else the one a driver
         # of a given vLLM release declares (`protocol_profile`), else vllm-0.33.
         self.profile: ProtocolProfile = (profile or getattr(driver, "protocol_profile", None)
@@ -47,8 +50,8 @@ class CaseContext:
         self._zmq_mark = zmq_guard.mark()  # contexts made after this are the case's
 
     def t(self, seconds: float) -> float:
-        """A wait bound, scaled by the global time-scale factor."""
-        return scaled(seconds)
+        """A wait bound, scaled by the run's time-scale factor."""
+        return self.timescale.scaled(seconds)
 
     def needs(self, *capabilities: Capability) -> None:
         missing = [c.value for c in capabilities if not self.driver.supports(c)]
@@ -112,7 +115,7 @@ class CaseContext:
         except Exception as exc:
             problems.append(f"temp-dir socket accounting: {type(exc).__name__}: {exc}")
         try:
-            await asyncio.wait_for(self.driver.shutdown(), scaled(10))
+            await asyncio.wait_for(self.driver.shutdown(), self.t(10))
         except Exception as exc:  # reported, never lost
             problems.append(f"driver shutdown: {type(exc).__name__}: {exc}")
         problems.extend(self.driver.teardown_notes())
@@ -137,7 +140,7 @@ class CaseContext:
             notes, owners = zmq_guard.close_leaked(self._zmq_mark, spare)  # loop's thread
             if owners:
                 notes += await asyncio.to_thread(zmq_guard.terminate, owners,
-                                                 scaled(zmq_guard.TERM_TIMEOUT))
+                                                 self.t(zmq_guard.TERM_TIMEOUT))
         except Exception as exc:  # reported, never raised
             return [f"zmq context check: {type(exc).__name__}: {exc}"]
         return notes
@@ -145,22 +148,33 @@ class CaseContext:
 
 async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
                    transcript_dir: str | None = None,
-                   profile: ProtocolProfile | None = None) -> CaseResult:
-    """Run one case against one driver, its engines speaking `profile`, and grade it."""
+                   profile: ProtocolProfile | None = None,
+                   timescale: Timescale | None = None) -> CaseResult:
+    """Run one case against one driver, its engines speaking `profile`, and grade it.
+    Every window, the case's and the driver's, is scaled by `timescale` (None: the one the
+    driver was built with)."""
+    if timescale is not None:
+        driver.with_timescale(timescale)
     ctx = CaseContext(spec, driver, profile)
+    with use_in_case(ctx.timescale):  # code not handed the factor (harness/timing.py)
+        return await _run_case(ctx, fn, transcript_dir)
+
+
+async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) -> CaseResult:
+    spec, driver = ctx.spec, ctx.driver
     start = time.monotonic()
     verdict, message = Verdict.PASS, "requirement met"
     cancelled = False
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
-        await asyncio.wait_for(fn(ctx), scaled(spec.timeout))
+        await asyncio.wait_for(fn(ctx), ctx.t(spec.timeout))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
     except Exception as exc:  # every outcome class names its verdict: harness/grading.py
         grade = grade_of(exc)
         verdict = verdict_for(grade, spec.level)
-        message = (_case_timeout_message(spec, driver, exc) if grade.case_bound
+        message = (_case_timeout_message(ctx, exc) if grade.case_bound
                    else message_for(grade, exc))
         if isinstance(exc, CaseUnmet):
             ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
@@ -185,16 +199,16 @@ async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
         ctx.note(f"frontend log tail:\n{diagnostics}")
     result = CaseResult(spec.case_id, driver.name, spec.level.value, spec.source,
                         spec.requirement, verdict, message, time.monotonic() - start,
-                        ctx.evidence)
+                        evidence=ctx.evidence)
     if verdict is not Verdict.PASS and ctx.group is not None:
         _attach_transcript(result, ctx.group, transcript_dir)
     return result
 
 
-def _case_timeout_message(spec: CaseSpec, driver: FrontendDriver, exc: BaseException) -> str:
+def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
     """Names the driver command(s) left unanswered when the case bound ran out."""
-    detail = str(exc) or f"{scaled(spec.timeout):.1f} s"
-    waiting = driver.unanswered()
+    detail = str(exc) or f"{ctx.t(ctx.spec.timeout):.1f} s"
+    waiting = ctx.driver.unanswered()
     if waiting:
         return f"no outcome within the case bound ({detail}); no reply to {', '.join(waiting)}"
     return f"no outcome within the case bound ({detail})"

@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+from harness.timing import DEFAULT, Timescale, TimescaleError
+
 CONFORMANCE_DIR = Path(__file__).resolve().parent.parent / "conformance"
 
 
@@ -77,15 +79,21 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         except UnknownProfileError as exc:
             raise UsageError(f"--profile: {exc}") from None
         argv += ["--profile", args.profile]
+    # The stop bound scales like the child's windows: --timescale, else $COREWIRE_TIMESCALE
+    # (the child reads the same two; a non-positive --timescale is its usage error).
+    try:
+        timescale = Timescale.from_user(args.timescale or None, os.environ)
+    except TimescaleError:
+        timescale = DEFAULT
     # A child process: pytest must import (and assertion-rewrite) the plugin itself.
-    return _run_child([sys.executable, "-m", "pytest", *argv, *extra])
+    return _run_child([sys.executable, "-m", "pytest", *argv, *extra], timescale)
 
 
 INTERRUPTED = 2  # pytest's code for an interrupted session
 STOP_BOUND_S = 60.0  # after SIGINT/SIGTERM: how long the pytest child may take to stop
 
 
-def _run_child(argv: list[str]) -> int:
+def _run_child(argv: list[str], timescale: Timescale) -> int:
     """Run pytest; SIGINT / SIGTERM are forwarded to it (once each, the child treats
     repeats as the same interrupt) and we wait for it to write its partial reports and
     reap its children. A child still running STOP_BOUND_S x timescale after the signal
@@ -93,8 +101,6 @@ def _run_child(argv: list[str]) -> int:
     import signal
     import subprocess
     import time
-
-    from harness.timing import scaled
 
     child = subprocess.Popen(argv)
     received: list[int] = []
@@ -114,10 +120,11 @@ def _run_child(argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 pass
             if received and deadline is None:
-                deadline = time.monotonic() + scaled(STOP_BOUND_S)
+                deadline = time.monotonic() + timescale.scaled(STOP_BOUND_S)
             if deadline is not None and time.monotonic() > deadline:
-                print(f"corewire run: pytest did not stop within {scaled(STOP_BOUND_S):.0f}"
-                      f" s of the interrupt; killed", file=sys.stderr)
+                print(f"corewire run: pytest did not stop within "
+                      f"{timescale.scaled(STOP_BOUND_S):.0f} s of the interrupt; killed",
+                      file=sys.stderr)
                 child.kill()
                 child.wait()
                 return INTERRUPTED
@@ -157,12 +164,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    import json
-
     from harness.report.html import render_html
+    from harness.report.schema import read_document
 
-    with open(args.results) as fh:
-        doc = json.load(fh)
+    doc = read_document(args.results)
     out = args.out or os.path.join(os.path.dirname(args.results) or ".", "report.html")
     with open(out, "w") as fh:
         fh.write(render_html(doc))
@@ -229,6 +234,7 @@ def _bench(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
     options = BenchOptions.quick() if args.quick else BenchOptions()
+    options.timescale = Timescale.from_environment(os.environ)  # read once, handed down
     doc = run_bench(frontends, scenarios, options)
     paths = [write_json(doc, args.report_dir), write_markdown(doc, args.report_dir),
              *write_plots(doc, args.report_dir)]
@@ -250,13 +256,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _compliance(args: argparse.Namespace) -> int:
-    import json
-
     from harness.baseline import Baseline
     from harness.report.compliance import render_compliance
+    from harness.report.schema import read_document
 
-    with open(args.results) as fh:
-        doc = json.load(fh)
+    doc = read_document(args.results)
     baseline = Baseline.load(args.baseline) if args.baseline else None
     text = render_compliance(doc, baseline)
     if args.out:

@@ -5,14 +5,18 @@
 * The verdict class leads the outcome message: FAIL / ERROR / TIMEOUT fail the item,
   NON-STRICT / UNSUPPORTED / baselined verdicts skip it, PASS / INFO pass. Evidence goes to
   the captured output, hence to JUnit system-out.
-* Results travel as an attribute of the call report, which xdist ships to the controller,
-  so the controller assembles reports/results.json and the HTML report in a fixed order.
+* A case's result is encoded once where the case ends (harness/report/schema.py) and
+  travels as an attribute of the call report, which xdist ships to the controller; it is
+  decoded once where the report is assembled, so the controller writes
+  reports/results.json and the HTML report in a fixed order.
+* The run's state (options read once, results, failing items) is one CorewireSession on
+  the pytest config (harness/session.py); the time scale is a value handed to every case
+  and driver, never written into the environment.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Generator
@@ -24,10 +28,11 @@ from harness import interrupts, selection, shard
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
 from harness.report.evidence import evidence_text
+from harness.report.schema import RunMeta, encode_result
+from harness.session import SESSION, CorewireSession, session_of
+from harness.timing import Timescale, TimescaleError
 from harness.verdicts import AREAS, CaseResult, CaseSpec, Verdict
 from harness.wire.profiles import ProtocolProfile, get_profile
-
-PROPERTY = "corewire_result"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,12 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{area}: conformance cases of area {area}")
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
-    _check_usage(config)
+    timescale = _check_usage(config)
     selection.configure_components(config)
     if selection.conformance_only(config) and not _is_worker(config):
         _terminal_is_ours(config)
-    if config.getoption("timescale"):
-        os.environ["COREWIRE_TIMESCALE"] = str(config.getoption("timescale"))
     path = config.getoption("baseline")
     if config.getoption("update_baseline"):
         if not path:
@@ -73,11 +76,14 @@ def pytest_configure(config: pytest.Config) -> None:
         baseline = Baseline.load(path) if path and os.path.exists(path) else None
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config._corewire_baseline = baseline  # type: ignore[attr-defined]
+    session = CorewireSession(timescale, baseline, _profile(config), _is_worker(config))
+    config.stash[SESSION] = session
+    config.pluginmanager.register(session, f"corewire-session-{id(session)}")
 
 
-def _check_usage(config: pytest.Config) -> None:
-    """Bad options are one clear usage error (exit 4) before any case runs."""
+def _check_usage(config: pytest.Config) -> Timescale:
+    """Bad options are one clear usage error (exit 4) before any case runs; returns the
+    run's time scale (--timescale, else $COREWIRE_TIMESCALE: the one place it is read)."""
     for spec in config.getoption("frontend"):
         try:
             check_spec(spec)
@@ -92,12 +98,14 @@ def _check_usage(config: pytest.Config) -> None:
         except UnknownProfileError as exc:
             raise pytest.UsageError(f"--profile: {exc}") from None
     shard.configured_shard(config)
-    timescale = config.getoption("timescale")
-    if timescale is not None and not timescale > 0:
-        raise pytest.UsageError(f"--timescale must be a positive factor, got {timescale}")
+    try:
+        timescale = Timescale.from_user(config.getoption("timescale"), os.environ)
+    except TimescaleError as exc:
+        raise pytest.UsageError(str(exc)) from None
     path = config.getoption("baseline")
     if path and not os.path.exists(path) and not config.getoption("update_baseline"):
         raise pytest.UsageError(f"--baseline {path}: no such file")
+    return timescale
 
 
 def _terminal_is_ours(config: pytest.Config) -> None:
@@ -165,20 +173,21 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     from harness.case_context import run_case
 
     config = pyfuncitem.config
+    session = session_of(config)
     frontend: str = pyfuncitem.corewire_frontend  # type: ignore[attr-defined]
     report_dir = config.getoption("report_dir")
     try:
-        driver = make_driver(frontend)
+        driver = make_driver(frontend, session.timescale)
         result = interrupts.run_interruptible(
             run_case(spec, pyfuncitem.obj, driver, os.path.join(report_dir, "transcripts"),
-                     _profile(config)))
+                     session.profile, session.timescale))
     except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
                             f"harness fault: {type(exc).__name__}: {exc}", 0.0)
-    baseline: Baseline | None = config._corewire_baseline  # type: ignore[attr-defined]
-    outcome = apply_baseline(result, baseline)
-    pyfuncitem.corewire_result = json.dumps(result.to_json())  # type: ignore[attr-defined]
+    outcome = apply_baseline(result, session.baseline)
+    # The one encode between the case and the reports (decoded in CorewireSession).
+    pyfuncitem.corewire_result = encode_result(result)  # type: ignore[attr-defined]
     print(evidence_text(result, report_dir))  # captured: JUnit system-out
     if outcome.fail:
         pyfuncitem.corewire_failure = outcome.message  # type: ignore[attr-defined]
@@ -188,17 +197,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-_RESULTS: list[CaseResult] = []  # this process's session; reset at sessionstart
-_FAILING: dict[tuple[str, str], str] = {}  # (case, frontend) -> why it fails the run
-_SESSION: dict[str, bool] = {"worker": False}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _RESULTS.clear()
-    _FAILING.clear()
-    _SESSION["worker"] = _is_worker(session.config)
-    session.config._corewire_results = _RESULTS  # type: ignore[attr-defined]
+    session_of(session.config).clear()
     interrupts.install()
     if not _is_worker(session.config):
         from harness.report.reportdir import clear_report_set
@@ -208,6 +209,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     interrupts.restore()
+    run = config.stash.get(SESSION, None)
+    if run is not None and config.pluginmanager.is_registered(run):
+        config.pluginmanager.unregister(run)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -259,22 +263,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     return report
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Runs on the xdist controller too: collect every case result exactly once.
-
-    Runs after JUnit has taken the captured evidence (system-out); the terminal then
-    drops it, so a failing case is one line there, not pages of transcript."""
-    value = getattr(report, PROPERTY, None)
-    if report.when == "call" and value is not None:
-        result = CaseResult.from_json(json.loads(value))
-        _RESULTS.append(result)
-        if report.failed:  # the run fails on it: say why (stale / expired baseline too)
-            _FAILING[(result.case_id, result.frontend)] = str(report.longrepr)
-        if not _SESSION["worker"]:  # a worker ships the evidence to the controller
-            report.sections = [s for s in report.sections if not s[0].startswith("Captured")]
-
-
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
@@ -284,9 +272,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _remove_leftover_ipc_dirs()
     if _is_worker(config):
         return
-    results: list[CaseResult] = config._corewire_results  # type: ignore[attr-defined]
-    partial = _partial_reason(exitstatus)
-    config._corewire_partial = partial  # type: ignore[attr-defined]
+    run = session_of(config)
+    results = run.results
+    partial = run.partial = _partial_reason(exitstatus)
     this_shard = shard.configured_shard(config)
     if this_shard is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED \
             and getattr(config, "_corewire_counts", (0, 0))[0] > 0:
@@ -297,14 +285,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     results.sort(key=lambda r: (r.case_id, r.frontend))
     report_dir = config.getoption("report_dir")
-    run_meta: dict[str, Any] = {
-        "shard": None if this_shard is None else [this_shard.index, this_shard.count],
-        "selection": shard.selection_meta(config),
-        "failing": {f"{case}[{frontend}]": why
-                    for (case, frontend), why in sorted(_FAILING.items())},
+    run_meta = RunMeta(
+        shard=None if this_shard is None else [this_shard.index, this_shard.count],
+        selection=shard.selection_meta(config),
+        failing={f"{case}[{frontend}]": why
+                 for (case, frontend), why in sorted(run.failing.items())},
         # Errors outside any case (a leak found at session end) fail the run too.
-        "failed_outside_cases": max(0, session.testsfailed - len(_FAILING))}
-    write_reports(results, report_dir, _profile(config), partial, run_meta)
+        failed_outside_cases=max(0, session.testsfailed - len(run.failing)))
+    write_reports(results, report_dir, run.profile, partial, run_meta)
     if config.getoption("update_baseline") and partial is None:
         Baseline.from_results(results).save(config.getoption("baseline"))
 
@@ -331,10 +319,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                             ) -> None:
     """One line per non-PASS verdict (and per case failing the run through its baseline),
     then where the evidence is."""
-    results: list[CaseResult] = getattr(config, "_corewire_results", [])
-    partial: str | None = getattr(config, "_corewire_partial", None)
-    if _is_worker(config):
+    run = config.stash.get(SESSION, None)
+    if run is None or run.worker:
         return
+    results, partial = run.results, run.partial
     if not results and partial is None:
         this_shard = shard.configured_shard(config)
         selected = getattr(config, "_corewire_counts", (0, 0))[0]
@@ -355,7 +343,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"PARTIAL: {partial}; {len(results)} finished cases reported")
     tr.write_line("  ".join(f"{v.value}={counts.get(v.value, 0)}" for v in Verdict))
     for r in results:
-        failing = _FAILING.get((r.case_id, r.frontend))
+        failing = run.failing.get((r.case_id, r.frontend))
         if r.verdict is Verdict.PASS and failing is None:
             continue
         flag = " (baselined)" if r.baseline else ""

@@ -10,8 +10,10 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from harness.frontends.driver import Capability
 
@@ -74,54 +76,39 @@ def case(case_id: str, level: Level, requirement: str, *, source: str,
     return mark
 
 
-@dataclass
-class Evidence:
-    """Why a verdict is what it is: expected vs observed, plus a transcript excerpt."""
+class Evidence(msgspec.Struct):
+    """Why a verdict is what it is: expected vs observed, plus a transcript excerpt.
+
+    Field order is the order of the JSON keys in results.json."""
 
     expected: str = ""
     observed: str = ""
-    notes: list[str] = field(default_factory=list)
-    transcript: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
     transcript_file: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"expected": self.expected, "observed": self.observed, "notes": self.notes,
-                "transcript_file": self.transcript_file,
-                "transcript_excerpt": self.transcript}
+    transcript: list[dict[str, Any]] = msgspec.field(default_factory=list,
+                                                     name="transcript_excerpt")
 
 
-@dataclass
-class CaseResult:
-    """One case x frontend outcome, the unit every report is made of."""
+class CaseResult(msgspec.Struct):
+    """One case x frontend outcome, the unit every report is made of.
 
-    case_id: str
+    The one schema of a result row: results.json, the hop from an xdist worker to the
+    controller, JUnit system-out, HTML, compliance, merge and diff all read this struct
+    (harness/report/schema.py encodes and decodes it). JSON names: `id` for `case_id`."""
+
+    case_id: str = msgspec.field(name="id")
     frontend: str
     level: str
     source: str
     requirement: str
     verdict: Verdict
-    message: str
-    duration: float
-    evidence: Evidence = field(default_factory=Evidence)
+    message: str = ""
+    duration: float = 0.0  # seconds, rounded to 0.1 ms (as results.json has always held)
     baseline: str | None = None  # the baseline reason when a non-PASS is tolerated
+    evidence: Evidence = msgspec.field(default_factory=Evidence)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.case_id, "frontend": self.frontend, "level": self.level,
-                "source": self.source, "requirement": self.requirement,
-                "verdict": self.verdict.value, "message": self.message,
-                "duration": round(self.duration, 4), "baseline": self.baseline,
-                "evidence": self.evidence.as_dict()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CaseResult:
-        ev = data.get("evidence") or {}
-        return cls(data["id"], data["frontend"], data["level"], data["source"],
-                   data["requirement"], Verdict(data["verdict"]), data.get("message", ""),
-                   float(data.get("duration", 0.0)),
-                   Evidence(ev.get("expected", ""), ev.get("observed", ""),
-                            list(ev.get("notes", [])), list(ev.get("transcript_excerpt", [])),
-                            ev.get("transcript_file")),
-                   data.get("baseline"))
+    def __post_init__(self) -> None:
+        self.duration = round(self.duration, 4)
 
 
 def grade_unmet(level: Level) -> Verdict:

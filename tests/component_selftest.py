@@ -17,6 +17,7 @@ from types import ModuleType
 from harness.case_context import run_case
 from harness.frontends.no_frontend import NoFrontend
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Verdict
+from tests.timescale import TIMESCALE
 
 CAUGHT = (Verdict.FAIL, Verdict.TIMEOUT)
 Matrix = dict[str, dict[str, CaseResult]]  # component name -> case id -> result
@@ -51,7 +52,8 @@ class ComponentSuite:
         previous = os.environ.get(self.env_var)
         os.environ[self.env_var] = component
         try:
-            return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none")))
+            return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none"),
+                                                       timescale=TIMESCALE))
                     for spec, fn in (self.cases if cases is None else cases)}
         finally:
             if previous is None:

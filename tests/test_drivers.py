@@ -17,6 +17,7 @@ from harness.frontends.subprocess_driver import SubprocessDriver
 from harness.leaks import leaks_since, snapshot
 from harness.verdicts import CaseSpec, Level, Verdict
 from mock_engines.script import EngineScript, UtilityReply, by_prompt
+from tests.timescale import TIMESCALE
 
 SPEC = CaseSpec("streaming.smoke.scenario", Level.MUST, "smoke", "tests")
 
@@ -47,7 +48,7 @@ async def smoke(ctx: CaseContext) -> None:
 
 @pytest.mark.parametrize("spec", ["reference", "reference-subprocess"])
 def test_smoke_scenario(spec: str) -> None:
-    result = asyncio.run(run_case(SPEC, smoke, make_driver(spec)))
+    result = asyncio.run(run_case(SPEC, smoke, make_driver(spec), timescale=TIMESCALE))
     assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
 
 
@@ -83,7 +84,7 @@ def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
 def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, cause: str,
                                                  log: str) -> None:
     before = snapshot()
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5)))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5), timescale=TIMESCALE))
     assert result.verdict is verdict, result.message
     assert cause in result.message, result.message
     assert log in "\n".join(result.evidence.notes), result.evidence.notes
@@ -91,8 +92,8 @@ def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, c
 
 
 def test_session_continues_after_a_driver_fault() -> None:
-    bad = asyncio.run(run_case(SPEC, smoke, _faulty("crash_on:generate")))
-    good = asyncio.run(run_case(SPEC, smoke, ReferenceDriver()))
+    bad = asyncio.run(run_case(SPEC, smoke, _faulty("crash_on:generate"), timescale=TIMESCALE))
+    good = asyncio.run(run_case(SPEC, smoke, ReferenceDriver(), timescale=TIMESCALE))
     assert (bad.verdict, good.verdict) == (Verdict.ERROR, Verdict.PASS)
 
 
@@ -153,7 +154,7 @@ def test_new_operations_and_older_driver_programs(fault: str, fn: Any, spec: Cas
                                                   verdict: Verdict) -> None:
     driver = SubprocessDriver(REFERENCE_SUBPROCESS, name=f"compat:{fault or 'current'}",
                               env={"COREWIRE_DRIVER_FAULT": fault})
-    result = asyncio.run(run_case(spec, fn, driver))
+    result = asyncio.run(run_case(spec, fn, driver, timescale=TIMESCALE))
     assert result.verdict is verdict, (result.message, result.evidence.notes)
 
 
@@ -164,7 +165,7 @@ def test_children_left_by_a_driver_program_are_reaped() -> None:
     import uuid
 
     tag = f"corewire-grandchild-{uuid.uuid4().hex[:8]}"
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}")))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}"), timescale=TIMESCALE))
     assert result.verdict is Verdict.PASS, result.message
     assert any("driver left 1 process(es) behind" in n for n in result.evidence.notes)
     alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
@@ -180,7 +181,8 @@ def test_a_grandchild_that_called_setsid_is_found_and_reaped() -> None:
 
     tag = f"corewire-daemon-{uuid.uuid4().hex[:8]}"
     before = snapshot()
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"setsid_grandchild:{tag}")))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"setsid_grandchild:{tag}"),
+                                  timescale=TIMESCALE))
     assert result.verdict is Verdict.PASS, result.message
     assert any("had left its session" in n for n in result.evidence.notes), \
         result.evidence.notes
@@ -222,7 +224,7 @@ def test_a_stderr_flood_is_capped_to_head_and_tail() -> None:
     """40 MB of stderr: the harness keeps the first and last 64 KiB (nothing on disk), and
     the verdict shows the head, how much was elided, and the tail with the crash."""
     driver = _faulty("flood_stderr:40,crash_on:generate")
-    result = asyncio.run(run_case(SPEC, smoke, driver))
+    result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
     assert isinstance(driver, SubprocessDriver)
     assert result.verdict is Verdict.ERROR, result.message
     log = next(n for n in result.evidence.notes if n.startswith("frontend log tail:"))
@@ -266,7 +268,8 @@ def test_leftovers_that_respawn_on_sigterm_are_ended_too() -> None:
     import uuid
 
     tag = f"corewire-respawn-{uuid.uuid4().hex[:8]}"
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"respawning_grandchild:{tag}")))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"respawning_grandchild:{tag}"),
+                                  timescale=TIMESCALE))
     assert result.verdict is Verdict.PASS, result.message
     note = next((n for n in result.evidence.notes if "driver left" in n), "")
     assert "driver left 2 process(es) behind" in note and "had left its session" in note, \

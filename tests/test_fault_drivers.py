@@ -34,6 +34,7 @@ from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess_driver import SubprocessDriver
 from harness.verdicts import Verdict
 from tests.test_drivers import SPEC, smoke
+from tests.timescale import TIMESCALE
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "COREWIRE_FAULT_MATRIX"  # inherited by every process a matrix run starts
@@ -171,7 +172,7 @@ def settled_fds(limit: int, timeout: float = 3.0) -> int:
 @pytest.fixture(scope="module")
 def warm() -> None:
     """One clean case first: imports and lazily created state do not count as leaks."""
-    asyncio.run(run_case(SPEC, smoke, SubprocessDriver(REFERENCE_SUBPROCESS)))
+    asyncio.run(run_case(SPEC, smoke, SubprocessDriver(REFERENCE_SUBPROCESS), timescale=TIMESCALE))
 
 
 @pytest.mark.parametrize("name", ["grandchild that called setsid",
@@ -186,7 +187,7 @@ def test_fault_driver_leaves_no_fd(warm: None, name: str) -> None:
                               env={"COREWIRE_DRIVER_FAULT": fault.env.format(tag=token[:8]),
                                    MARK: token})
     before = settled_fds(0, timeout=0)
-    result = asyncio.run(run_case(SPEC, smoke, driver))
+    result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
     assert result.verdict in fault.verdicts, result.message
     assert settled_fds(before) <= before, f"fds: {before} before, {open_fds()} after"
     assert marked_processes(token) == []

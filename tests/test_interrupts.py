@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from harness.timing import scaled
+from tests.timescale import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_BOUND_S = 30.0  # documented in docs/cli.md: signal -> exit, scaled by the timescale

@@ -20,9 +20,9 @@ import pytest
 import conformance.components.test_kv_failure_queues as suite
 from harness.components import ENV_KV_WORKER, FakeTransport, RecvHooks
 from harness.components.kv_mutants import MUTANTS
-from harness.timing import timescale
 from harness.verdicts import Verdict
 from tests.component_selftest import ComponentSuite, Matrix, problems
+from tests.timescale import TIMESCALE
 
 # The case written to catch each mutant (more may catch it too).
 DESIGNED_FOR = {
@@ -63,7 +63,7 @@ def test_reference_passes_every_case(matrix: Matrix) -> None:
 def test_concurrent_case_runtime_is_bounded(matrix: Matrix) -> None:
     result = matrix["reference"]["components.kv_failure.concurrent_failure_mix"]
     # Bounded (the random mixes stop after 1.5 s), not fast: generous for loaded CI machines.
-    assert result.duration < 10.0 * timescale(), result.evidence.notes
+    assert result.duration < TIMESCALE.scaled(10.0), result.evidence.notes
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))

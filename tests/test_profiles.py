@@ -342,9 +342,9 @@ def test_engine_group_speaks_an_old_release_end_to_end(
 
 
 def test_report_is_labelled_with_the_run_profile() -> None:
-    assert results_document([])["meta"]["protocol_profile"] == "vllm-0.33"
-    meta = results_document([], get_profile("vllm-0.23.0"))["meta"]
-    assert (meta["protocol_profile"], meta["vllm_version"]) == ("vllm-0.23.0", "0.23.0")
+    assert results_document([]).meta.protocol_profile == "vllm-0.33"
+    meta = results_document([], get_profile("vllm-0.23.0")).meta
+    assert (meta.protocol_profile, meta.vllm_version) == ("vllm-0.23.0", "0.23.0")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped
 
 from harness.baseline import Baseline, BaselineEntry, apply_baseline
 from harness.report.diff import diff_results, format_diff
+from harness.report.schema import as_builtins
 from harness.verdicts import CaseResult, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +176,7 @@ def test_diff_reports_transitions(tmp_path: Path) -> None:
     assert "1 regression" in format_diff(transitions)
     for name, results in (("old.json", old), ("new.json", new)):
         (tmp_path / name).write_text(json.dumps(
-            {"meta": {}, "results": [r.to_json() for r in results]}))
+            {"meta": {}, "results": [as_builtins(r) for r in results]}))
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "diff",
                            str(tmp_path / "old.json"), str(tmp_path / "new.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -26,7 +26,7 @@ from harness.frontends.vllm_rs_control import (
     ControlError,
     file_descriptor,
 )
-from harness.timing import scaled
+from tests.timescale import TIMESCALE, scaled
 
 PROTO = Path(__file__).resolve().parents[1] / "harness/frontends/proto/control.proto"
 _TYPES = {"string": 9, "uint64": 4, "bool": 8}  # FieldDescriptorProto.Type numbers
@@ -91,7 +91,7 @@ def serve() -> Iterator[Callable[[dict[str, Handler]], ControlClient]]:
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         servers.append(server)
-        client = ControlClient(port, timeout=timeout)
+        client = ControlClient(port, timeout=timeout, timescale=TIMESCALE)
         clients.append(client)
         return client
 

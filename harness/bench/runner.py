@@ -72,7 +72,7 @@ def run_bench(frontends: list[str], scenarios: list[str], options: BenchOptions,
         "schema": SCHEMA, "partial": False,
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "load_before": _load(), "busy_limit": BUSY_LIMIT,
-        "options": {k: v for k, v in vars(options).items() if k != "extra"},
+        "options": {k: v for k, v in vars(options).items() if k not in ("extra", "timescale")},
         "scenarios": scenarios, "frontends": {},
     }
     try:

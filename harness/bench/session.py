@@ -22,6 +22,7 @@ from typing import Any
 from harness.bench.proc import self_cpu, thread_cpu, thread_runnable, tree_cpu
 from harness.frontends.driver import FrontendDriver, StreamHandle
 from harness.frontends.registry import make_driver
+from harness.timing import DEFAULT, Timescale
 from harness.transport.endpoints import PrivateIpcDir
 from mock_engines import EngineGroup, EngineScript
 from mock_engines.loadgen import LoadMode, LoadStats
@@ -52,6 +53,7 @@ class BenchOptions:
     # rule can be seen firing (the smoke test); 0 in every real run.
     engine_step_cost_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    timescale: Timescale = DEFAULT  # the drivers' bounds (`corewire bench`: $COREWIRE_TIMESCALE)
 
     @classmethod
     def quick(cls) -> BenchOptions:
@@ -137,7 +139,7 @@ class BenchFrontend:
         scripts = [EngineScript(load=mode, retain_transcript=False) for _ in range(engines)]
         coordinator = self.ipc.address("dp-stats") if engines > 1 else None
         self.group = EngineGroup(scripts, coordinator_address=coordinator)
-        self.driver: FrontendDriver = make_driver(spec)
+        self.driver: FrontendDriver = make_driver(spec, options.timescale)
         self.started_at = 0.0
         self.serving_at = 0.0
 

@@ -14,7 +14,10 @@ import asyncio
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
+
+from harness.timing import DEFAULT as DEFAULT_TIMESCALE
+from harness.timing import Timescale
 
 if TYPE_CHECKING:
     from harness.frontends.engine_side import EngineSide
@@ -175,9 +178,21 @@ class FrontendDriver(abc.ABC):
 
     name: str = "driver"
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
+    # Every bound the driver waits on is scaled by this factor (harness/timing.py); the
+    # registry sets the run's, so a driver never reads it from the environment.
+    timescale: Timescale = DEFAULT_TIMESCALE
 
     def supports(self, *needed: Capability) -> bool:
         return all(c in self.capabilities for c in needed)
+
+    def with_timescale(self, timescale: Timescale) -> Self:
+        """This driver, every bound it waits on scaled by `timescale` (the run's)."""
+        self.timescale = timescale
+        return self
+
+    def scaled(self, seconds: float) -> float:
+        """`seconds` times this driver's time-scale factor."""
+        return self.timescale.scaled(seconds)
 
     @abc.abstractmethod
     async def start(self, group: EngineSide, timeout: float) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHandle
 from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.reference.frontend import ReferenceFrontend
+from harness.timing import Timescale
 
 # What a first-release driver program declares (COREWIRE_DRIVER_FAULT=old_protocol).
 OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
@@ -162,8 +163,12 @@ class DriverProgram:
         workdir = str(msg["workdir"])
         inputs, outputs = f"ipc://{workdir}/in.sock", f"ipc://{workdir}/out.sock"
         stats = msg.get("stats_address")
+        # The harness's factor: init's `timescale`, else this program's COREWIRE_TIMESCALE.
+        timescale = (Timescale(float(msg["timescale"])) if msg.get("timescale")
+                     else Timescale.from_environment(os.environ))
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
-                                          stats_address=str(stats) if stats else None)
+                                          stats_address=str(stats) if stats else None,
+                                          timescale=timescale)
         capabilities = (list(OLD_CAPABILITIES) if "old_protocol" in self.faults
                         else sorted(c.value for c in ALL_CAPABILITIES))
         reply: dict[str, Any] = {"name": "reference (subprocess)", "inputs": [inputs],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from harness.frontends.driver import FrontendDriver
+from harness.timing import DEFAULT, Timescale
 
 REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
 
@@ -105,7 +106,12 @@ def check_spec(spec: str) -> None:
         component_slot(parsed.kind).check(parsed.argument)
 
 
-def make_driver(spec: str) -> FrontendDriver:
+def make_driver(spec: str, timescale: Timescale = DEFAULT) -> FrontendDriver:
+    """The driver of a frontend spec, its every bound scaled by `timescale` (the run's)."""
+    return _build_driver(spec).with_timescale(timescale)
+
+
+def _build_driver(spec: str) -> FrontendDriver:
     """`reference`, `reference-subprocess`, `vllm-rs`, `vllm-rs@X` (vLLM release X's
     binary), `vllm-py`, `subprocess:CMD`, `mutant:NAME`, `kv:`/`ec:` (component cases)."""
     parsed = parse_spec(spec)

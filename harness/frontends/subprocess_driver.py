@@ -44,7 +44,6 @@ from harness.frontends.driver_protocol import (
     encode_line,
 )
 from harness.frontends.stderr_capture import StderrCapture
-from harness.timing import scaled
 
 if TYPE_CHECKING:
     from harness.frontends.engine_side import EngineSide
@@ -106,7 +105,7 @@ class SubprocessDriver(FrontendDriver):
         self.argv = list(argv)
         self.name = name
         self.capabilities = frozenset()
-        self.command_timeout = scaled(10.0) if command_timeout is None else command_timeout
+        self._command_timeout = command_timeout
         self.env = env
         self._proc: asyncio.subprocess.Process | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
@@ -123,6 +122,13 @@ class SubprocessDriver(FrontendDriver):
         self._abandoned: set[int] = set()  # command ids whose late replies are ignored
         self.leftovers: list[str] = []  # what teardown had to clean up after the program
 
+    @property
+    def command_timeout(self) -> float:
+        """How long one command may wait for its reply (10 s scaled, unless given)."""
+        if self._command_timeout is None:
+            return self.timescale.scaled(10.0)
+        return self._command_timeout
+
     # ------------------------------------------------------------------ process
 
     async def _spawn(self) -> None:
@@ -131,7 +137,8 @@ class SubprocessDriver(FrontendDriver):
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, limit=MAX_LINE + 2, start_new_session=True,
-            env={**os.environ, **(self.env or {}), process_tree.TOKEN_VAR: self._token})
+            env={**os.environ, **self.timescale.child_env(), **(self.env or {}),
+                 process_tree.TOKEN_VAR: self._token})
         assert self._proc.stderr is not None
         self._tasks = [asyncio.create_task(self._read_stdout()),
                        asyncio.create_task(self._stderr.read_from(self._proc.stderr)),
@@ -147,7 +154,7 @@ class SubprocessDriver(FrontendDriver):
                     raise DriverProtocolError(f"a stdout line over {MAX_LINE // 2**20} MiB, "
                                               f"the protocol's limit") from None
                 if not line:
-                    code = await self._wait_exit(scaled(2.0))
+                    code = await self._wait_exit(self.scaled(2.0))
                     what = ("driver closed its stdout and kept running" if code is None
                             else f"driver exited (code {code})")
                     raise DriverProgramFault(f"{what} {self._pending_text()}".rstrip())
@@ -166,7 +173,7 @@ class SubprocessDriver(FrontendDriver):
         while self._proc.returncode is None:
             await asyncio.sleep(0.05)
         code = self._proc.returncode
-        await asyncio.sleep(scaled(EXIT_DRAIN_S))
+        await asyncio.sleep(self.scaled(EXIT_DRAIN_S))
         self._set_fault(DriverProgramFault(f"driver exited (code {code}) "
                                     f"{self._pending_text()}".rstrip()))
 
@@ -290,10 +297,10 @@ class SubprocessDriver(FrontendDriver):
         await self._spawn()
         assert self._workdir is not None
         reply = await self._command(
-            "init", timeout=timeout + scaled(PROGRAM_START_S), protocol=PROTOCOL,
+            "init", timeout=timeout + self.scaled(PROGRAM_START_S), protocol=PROTOCOL,
             workdir=self._workdir.name,
             engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group.engines),
-            stats_address=group.stats_address, timescale=scaled(1.0),
+            stats_address=group.stats_address, timescale=self.scaled(1.0),
             **({"handshake": True} if group.handshake else {}),
             **({"coordinator": True} if group.coordinated else {}))
         self.capabilities = frozenset(Capability(c) for c in reply.get("capabilities", [])
@@ -308,7 +315,7 @@ class SubprocessDriver(FrontendDriver):
             group.start_handshake(str(reply["handshake"]), timeout=timeout)
         else:
             group.start_bootstrapped(list(reply["inputs"]), list(reply["outputs"]))
-        await self._command("wait_ready", timeout=timeout + scaled(1.0), timeout_s=timeout)
+        await self._command("wait_ready", timeout=timeout + self.scaled(1.0), timeout_s=timeout)
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
@@ -435,13 +442,13 @@ class SubprocessDriver(FrontendDriver):
         if self._fault is None:
             asked = True
             with contextlib.suppress(Exception):
-                await self._command("shutdown", timeout=scaled(SHUTDOWN_REPLY_S))
+                await self._command("shutdown", timeout=self.scaled(SHUTDOWN_REPLY_S))
                 answered = True
-            if await self._wait_exit(scaled(EXIT_GRACE_S)) is not None:
+            if await self._wait_exit(self.scaled(EXIT_GRACE_S)) is not None:
                 return
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
-        if await self._wait_exit(scaled(TERM_GRACE_S)) is not None:
+        if await self._wait_exit(self.scaled(TERM_GRACE_S)) is not None:
             if asked:
                 what = ("answered `shutdown` but did not exit" if answered
                         else "did not exit on `shutdown`")
@@ -450,7 +457,7 @@ class SubprocessDriver(FrontendDriver):
             return
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        code = await self._wait_exit(scaled(KILL_VERIFY_S))
+        code = await self._wait_exit(self.scaled(KILL_VERIFY_S))
         what = ("answered `shutdown` but ignored it and SIGTERM" if answered
                 else "ignored `shutdown` and SIGTERM" if asked
                 else "ignored SIGTERM (sent after its fault)")
@@ -474,7 +481,7 @@ class SubprocessDriver(FrontendDriver):
         for _ in range(LEFTOVER_ROUNDS):
             if not left:
                 break
-            ending = await process_tree.end_all(left.values(), scaled(TERM_GRACE_S))
+            ending = await process_tree.end_all(left.values(), self.scaled(TERM_GRACE_S))
             found = ending.terminated + ending.killed + ending.survivors
             ended += found
             outside += [p for p in found if left[p].sid != pid]

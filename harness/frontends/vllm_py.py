@@ -76,7 +76,6 @@ from harness.frontends.driver import (
 from harness.frontends.vllm_py_env import hold_rpc_base, release_rpc_base
 from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
 from harness.frontends.vllm_py_utilities import async_llm_call, normalise
-from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import tiny_model_dir
 
@@ -236,7 +235,8 @@ class VllmPyDriver(FrontendDriver):
         hold_rpc_base(ipc.path)
         if group.handshake:  # AsyncLLM owns HELLO / INIT / READY (vllm_py_handshake.py)
             self._attach_log()
-            self._handshake = await handshake.start_owner(vllm, group, timeout)
+            self._handshake = await handshake.start_owner(vllm, group, timeout,
+                                                         self.timescale)
             self._llm = await self._handshake.result(timeout)
             handshake.start_output_tasks(self._llm)
             await self._serve_steps(deadline, timeout)
@@ -330,7 +330,7 @@ class VllmPyDriver(FrontendDriver):
             task.cancel()  # after shutdown: the engine is marked dead, so no ABORT is sent
         pending = [t for t in (*consumers, *vllm_tasks) if not t.done()]
         if pending:
-            _done, stuck = await asyncio.wait(pending, timeout=scaled(TEARDOWN_TIMEOUT))
+            _done, stuck = await asyncio.wait(pending, timeout=self.scaled(TEARDOWN_TIMEOUT))
             if stuck:
                 problems.append(f"{len(stuck)} task(s) still running after shutdown: "
                                 f"{sorted(t.get_name() for t in stuck)}")
@@ -371,7 +371,7 @@ class VllmPyDriver(FrontendDriver):
         # A plain daemon thread: a stuck term() must not block the loop's executor shutdown.
         thread = threading.Thread(target=term, name="vllm-py-zmq-term", daemon=True)
         thread.start()
-        deadline = time.monotonic() + scaled(TEARDOWN_TIMEOUT)
+        deadline = time.monotonic() + self.scaled(TEARDOWN_TIMEOUT)
         while not finished.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         if not finished.is_set():
@@ -494,10 +494,10 @@ class VllmPyDriver(FrontendDriver):
             entry[1].cancel()
             cancelled.append(entry[1])
         if cancelled:
-            _done, stuck = await asyncio.wait(cancelled, timeout=scaled(DROP_TIMEOUT))
+            _done, stuck = await asyncio.wait(cancelled, timeout=self.scaled(DROP_TIMEOUT))
             if stuck:
                 raise FrontendError(f"{len(stuck)} dropped stream(s) did not unwind within "
-                                    f"{scaled(DROP_TIMEOUT):.0f}s")
+                                    f"{self.scaled(DROP_TIMEOUT):.0f}s")
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         llm = self._require()
@@ -506,7 +506,7 @@ class VllmPyDriver(FrontendDriver):
             return
         try:
             # Engine-side ids: internal=True looks them up as AsyncLLM's own (suffixed) ids.
-            await asyncio.wait_for(llm.abort(ids, internal=True), scaled(ABORT_TIMEOUT))
+            await asyncio.wait_for(llm.abort(ids, internal=True), self.scaled(ABORT_TIMEOUT))
         except (asyncio.TimeoutError, TimeoutError):
             raise
         except Exception as exc:
@@ -522,11 +522,11 @@ class VllmPyDriver(FrontendDriver):
             call.close()  # never awaited
             raise
         try:
-            return await asyncio.wait_for(call, scaled(UTILITY_TIMEOUT))
+            return await asyncio.wait_for(call, self.scaled(UTILITY_TIMEOUT))
         except (asyncio.TimeoutError, TimeoutError) as exc:
             # Not a FrontendError: a hang must not pass for a bounded failure.
             raise TimeoutError(f"{what}: AsyncLLM gave no answer within "
-                               f"{scaled(UTILITY_TIMEOUT):.0f}s") from exc
+                               f"{self.scaled(UTILITY_TIMEOUT):.0f}s") from exc
         except Exception as exc:
             raise FrontendError(f"{what}: {_describe(exc)}") from exc
 

@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import StartupError, StartupHang
-from harness.timing import scaled
+from harness.timing import Timescale
 from harness.vllm_dist import tiny_model_dir
 
 if TYPE_CHECKING:
@@ -149,8 +149,10 @@ def _describe(exc: BaseException) -> str:
 class HandshakeStartup:
     """One AsyncLLM construction in handshake mode, on its own thread, abortable."""
 
-    def __init__(self, vllm: Any, config: Any, ready_timeout: float) -> None:
+    def __init__(self, vllm: Any, config: Any, ready_timeout: float,
+                 timescale: Timescale) -> None:
         self._vllm = vllm  # harness.frontends.vllm_py._Vllm
+        self._timescale = timescale
         self._config = config
         self._ready_timeout = ready_timeout
         self._canceller = _StartupCanceller()
@@ -196,7 +198,7 @@ class HandshakeStartup:
                 os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = saved_method
 
     def _run(self) -> None:
-        if not _CONSTRUCT_LOCK.acquire(timeout=scaled(LOCK_TIMEOUT)):
+        if not _CONSTRUCT_LOCK.acquire(timeout=self._timescale.scaled(LOCK_TIMEOUT)):
             self._failure = StartupError(
                 "a previous AsyncLLM handshake-mode startup is still running in this process")
             self._done.set()
@@ -225,7 +227,7 @@ class HandshakeStartup:
     async def result(self, bound: float) -> Any:
         """The AsyncLLM; StartupError when vLLM refused to start, StartupHang when it was
         still waiting `bound` + grace seconds after begin()."""
-        waited = bound + scaled(STARTUP_GRACE)
+        waited = bound + self._timescale.scaled(STARTUP_GRACE)
         give_up = time.monotonic() + waited
         while not self._done.is_set() and time.monotonic() < give_up:
             await asyncio.sleep(POLL_INTERVAL)
@@ -248,7 +250,7 @@ class HandshakeStartup:
         self._closed = True
         self._canceller.fire()
         began = time.monotonic()
-        limit = scaled(ABORT_JOIN_TIMEOUT)
+        limit = self._timescale.scaled(ABORT_JOIN_TIMEOUT)
         while self._thread.is_alive() and time.monotonic() - began < limit:
             await asyncio.sleep(0.01)
         if self._thread.is_alive():
@@ -264,7 +266,8 @@ class HandshakeStartup:
         return llm
 
 
-async def start_owner(vllm: Any, group: EngineSide, timeout: float) -> HandshakeStartup:
+async def start_owner(vllm: Any, group: EngineSide, timeout: float,
+                      timescale: Timescale) -> HandshakeStartup:
     """Begin building AsyncLLM as the handshake owner and point the engines at it."""
     port = free_tcp_port()
     dp_size = len(group.engines)
@@ -283,7 +286,7 @@ async def start_owner(vllm: Any, group: EngineSide, timeout: float) -> Handshake
         config_hash = config.parallel_config.compute_hash()
         for engine in group.engines:
             engine.script.parallel_config_hash = config_hash
-    startup = HandshakeStartup(vllm, config, max(0.05, timeout))
+    startup = HandshakeStartup(vllm, config, max(0.05, timeout), timescale)
     startup.begin()
     # Remote headless engines (the only kind a frontend with no local engines accepts in
     # internal-LB mode, utils.py:1419-1422, :1503-1518); they retry until the handshake

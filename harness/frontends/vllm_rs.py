@@ -76,7 +76,6 @@ from harness.frontends.vllm_rs_utilities import (
     lora_environment,
     route_for,
 )
-from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.vllm_dist import VLLM_VERSION, tiny_lora_dir, tiny_model_dir, vllm_rs_binary
 from harness.vllm_rs_fetch import release_binary
@@ -262,7 +261,7 @@ class VllmRsDriver(FrontendDriver):
         if self.release.grpc_control:
             grpc = _tcp_listener()
             self._listeners.append(grpc)
-            self.control = ControlClient(grpc.getsockname()[1])
+            self.control = ControlClient(grpc.getsockname()[1], timescale=self.timescale)
             grpc_fd = grpc.fileno()
         self.port = http.getsockname()[1]
         fds = [sock.fileno() for sock in self._listeners]
@@ -380,7 +379,7 @@ class VllmRsDriver(FrontendDriver):
         """One bounded non-streaming call: (status, body text); no answer is a FrontendError."""
         try:
             status, raw = await asyncio.wait_for(self._call(method, path, body),
-                                                 scaled(HTTP_TIMEOUT))
+                                                 self.scaled(HTTP_TIMEOUT))
         except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
             raise FrontendError(f"{method} {path}: connection failed: {exc}") from exc
         return status, raw.decode("utf-8", "replace")

@@ -49,7 +49,7 @@ from google.protobuf.message import (  # type: ignore[import-untyped,unused-igno
 )
 
 from harness.frontends.driver import FrontendError
-from harness.timing import scaled
+from harness.timing import DEFAULT, Timescale
 
 CONTROL_TIMEOUT = 60.0  # per call, before scaling: longer than any case bound, so a frontend
 # that hangs shows up as the case's TIMEOUT rather than as a driver-made error
@@ -153,9 +153,10 @@ class ControlClient:
     """Bounded calls to `vllm.Control` at 127.0.0.1:port (plain text, no proxy)."""
 
     def __init__(self, port: int, host: str = "127.0.0.1",
-                 timeout: float = CONTROL_TIMEOUT) -> None:
+                 timeout: float = CONTROL_TIMEOUT, *, timescale: Timescale = DEFAULT) -> None:
         self.target = f"{host}:{port}"
         self.timeout = timeout
+        self.timescale = timescale
         self._channel: grpc.Channel | None = None
         self._lock = threading.Lock()
 
@@ -172,7 +173,7 @@ class ControlClient:
             f"/{SERVICE}/{method}", request_serializer=_serialize,
             response_deserializer=response.FromString)
         try:
-            answer = call(request, timeout=scaled(self.timeout))
+            answer = call(request, timeout=self.timescale.scaled(self.timeout))
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)

@@ -8,10 +8,11 @@ this plugin (`-p harness.mutation.strict`, see [tool.mutmut] in pyproject.toml).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator
 
 import pytest
+
+from harness.report.schema import decode_result
 
 CAUGHT = ("FAIL", "ERROR", "TIMEOUT", "NON-STRICT")
 
@@ -22,8 +23,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     report = yield
     result = getattr(item, "corewire_result", None)
     if call.when == "call" and result is not None and report.skipped:
-        verdict = json.loads(result)["verdict"]
+        decoded = decode_result(result)
+        verdict = decoded.verdict.value
         if verdict in CAUGHT:
             report.outcome = "failed"
-            report.longrepr = f"{verdict} (caught): {json.loads(result)['message']}"
+            report.longrepr = f"{verdict} (caught): {decoded.message}"
     return report

@@ -10,6 +10,9 @@ import html
 import json
 from typing import Any
 
+from harness.report.schema import ResultsDocument
+from harness.verdicts import CaseResult
+
 COLORS = {"PASS": "#2e7d32", "NON-STRICT": "#f9a825", "INFO": "#1565c0",
           "UNSUPPORTED": "#9e9e9e", "FAIL": "#c62828", "ERROR": "#6a1b9a",
           "TIMEOUT": "#ef6c00"}
@@ -40,25 +43,25 @@ def _detail_id(case_id: str, frontend: str) -> str:
     return "d-" + "".join(c if c.isalnum() else "-" for c in f"{case_id}-{frontend}")
 
 
-def render_html(doc: dict[str, Any]) -> str:
-    results: list[dict[str, Any]] = doc["results"]
-    meta = doc["meta"]
-    frontends = sorted({r["frontend"] for r in results})
-    cases: dict[str, dict[str, Any]] = {}
+def render_html(doc: ResultsDocument) -> str:
+    results = doc.results
+    meta = doc.meta
+    frontends = sorted({r.frontend for r in results})
+    cases: dict[str, dict[str, CaseResult]] = {}
     for r in results:
-        cases.setdefault(r["id"], {})[r["frontend"]] = r
+        cases.setdefault(r.case_id, {})[r.frontend] = r
     counts: dict[str, int] = {}
     for r in results:
-        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
     out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
            "<title>corewire conformance report</title>",
            f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
            "<h1>corewire conformance report</h1>",
-           f"<p>protocol profile {_esc(meta['protocol_profile'])} (vLLM "
-           f"{_esc(meta['vllm_version'])}), generated {_esc(meta['generated'])}</p>",
-           *([f"<p id='partial'><b>PARTIAL</b>: {_esc(meta.get('partial_reason', ''))}; only "
+           f"<p>protocol profile {_esc(meta.label('protocol_profile'))} (vLLM "
+           f"{_esc(meta.label('vllm_version'))}), generated {_esc(meta.label('generated'))}</p>",
+           *([f"<p id='partial'><b>PARTIAL</b>: {_esc(meta.partial_reason or '')}; only "
               f"the {len(results)} cases that finished are shown</p>"]
-             if meta.get("partial") else []),
+             if meta.partial else []),
            "<p id='summary'>" + " ".join(
                f"<span class='v' style='background:{COLORS[v]};padding:2px 6px'>"
                f"{_esc(v)} {n}</span>" for v, n in sorted(counts.items())) + "</p>",
@@ -66,7 +69,7 @@ def render_html(doc: dict[str, Any]) -> str:
            + "".join(f"<th>{_esc(f)}</th>" for f in frontends) + "</tr>"]
     for case_id in sorted(cases):
         row = cases[case_id]
-        level = next(iter(row.values()))["level"]
+        level = next(iter(row.values())).level
         out.append(f"<tr><td>{_esc(case_id)}</td><td>{_esc(level)}</td>")
         for fe in frontends:
             if fe not in row:
@@ -74,10 +77,11 @@ def render_html(doc: dict[str, Any]) -> str:
                 continue
             r = row[fe]
             did = _detail_id(case_id, fe)
-            mark = "*" if r.get("baseline") else ""
-            out.append(f"<td class='v' data-verdict='{_esc(r['verdict'])}' "
-                       f"style='background:{COLORS.get(r['verdict'], '#000')}' "
-                       f"onclick=\"show('{did}')\">{_esc(r['verdict'])}{mark}</td>")
+            mark = "*" if r.baseline else ""
+            verdict = r.verdict.value
+            out.append(f"<td class='v' data-verdict='{_esc(verdict)}' "
+                       f"style='background:{COLORS.get(verdict, '#000')}' "
+                       f"onclick=\"show('{did}')\">{_esc(verdict)}{mark}</td>")
         out.append("</tr>")
     out.append("</table><p>* tolerated by the baseline. Click a verdict for details.</p>")
     for r in results:
@@ -86,21 +90,21 @@ def render_html(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _detail(r: dict[str, Any]) -> str:
-    did = _detail_id(r["id"], r["frontend"])
-    ev = r.get("evidence") or {}
+def _detail(r: CaseResult) -> str:
+    did = _detail_id(r.case_id, r.frontend)
+    ev = r.evidence
     parts = [f"<div class='detail' id='{did}'>",
-             f"<h3>{_esc(r['id'])} [{_esc(r['frontend'])}]: {_esc(r['verdict'])}</h3>",
-             f"<p><b>Requirement ({_esc(r['level'])}):</b> {_esc(r['requirement'])}<br>",
-             f"<b>Source:</b> {_esc(r['source'])}<br><b>Outcome:</b> {_esc(r['message'])}</p>"]
-    if r.get("baseline"):
-        parts.append(f"<p><b>Baselined:</b> {_esc(r['baseline'])}</p>")
-    if ev.get("expected") or ev.get("observed"):
-        parts.append(f"<p><b>Expected:</b> {_esc(ev.get('expected'))}<br>"
-                     f"<b>Observed:</b> {_esc(ev.get('observed'))}</p>")
-    for note in ev.get("notes", []):
+             f"<h3>{_esc(r.case_id)} [{_esc(r.frontend)}]: {_esc(r.verdict.value)}</h3>",
+             f"<p><b>Requirement ({_esc(r.level)}):</b> {_esc(r.requirement)}<br>",
+             f"<b>Source:</b> {_esc(r.source)}<br><b>Outcome:</b> {_esc(r.message)}</p>"]
+    if r.baseline:
+        parts.append(f"<p><b>Baselined:</b> {_esc(r.baseline)}</p>")
+    if ev.expected or ev.observed:
+        parts.append(f"<p><b>Expected:</b> {_esc(ev.expected)}<br>"
+                     f"<b>Observed:</b> {_esc(ev.observed)}</p>")
+    for note in ev.notes:
         parts.append(f"<pre>{_esc(note)}</pre>")
-    records = ev.get("transcript_excerpt") or []
+    records = ev.transcript
     if records:
         tid = did + "-t"
         parts.append(f"<p><b>Transcript</b> ({len(records)} records) "

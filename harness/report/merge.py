@@ -17,8 +17,17 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from harness.baseline import Baseline, apply_baseline
 from harness.report.reportdir import TRANSCRIPTS, clear_report_set
+from harness.report.schema import (
+    MergedFrom,
+    ResultsDocument,
+    ResultsFileError,
+    RunMeta,
+    read_document,
+)
 from harness.report.writer import write_document
 from harness.verdicts import CaseResult, Verdict
 
@@ -34,16 +43,20 @@ class ShardRun:
     """One input dir: its results document and where it came from."""
 
     directory: str
-    doc: dict[str, Any]
+    doc: ResultsDocument
+
+    @property
+    def meta(self) -> RunMeta:
+        return self.doc.meta
 
     @property
     def shard(self) -> tuple[int, int]:
-        value = self.doc["meta"].get("shard") or [1, 1]
+        value = self.meta.shard or [1, 1]
         return int(value[0]), int(value[1])
 
     @property
     def selection(self) -> dict[str, Any]:
-        sel = dict(self.doc["meta"].get("selection") or {})
+        sel = dict(self.meta.selection or {})
         sel.pop("selected_items", None)
         sel.pop("shard_items", None)
         return sel
@@ -55,7 +68,7 @@ class ShardRun:
 
 @dataclass
 class Merged:
-    doc: dict[str, Any]
+    doc: ResultsDocument
     exit_code: int
     failing: dict[str, str] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
@@ -65,20 +78,18 @@ class Merged:
 def load_shard(directory: str) -> ShardRun:
     path = os.path.join(directory, "results.json")
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
+        doc = read_document(path)
+    except ResultsFileError as exc:
+        raise MergeError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise MergeError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) \
-            or not isinstance(doc.get("results"), list):
-        raise MergeError(f"{path}: not a corewire results.json (no meta / results)")
     run = ShardRun(directory, doc)
     try:
         i, n = run.shard
     except (TypeError, ValueError, IndexError):
-        raise MergeError(f"{path}: malformed meta.shard {doc['meta'].get('shard')!r}") from None
+        raise MergeError(f"{path}: malformed meta.shard {doc.meta.shard!r}") from None
     if not 1 <= i <= n:
-        raise MergeError(f"{path}: malformed meta.shard {doc['meta'].get('shard')!r}")
+        raise MergeError(f"{path}: malformed meta.shard {doc.meta.shard!r}")
     return run
 
 
@@ -113,7 +124,7 @@ def check_partition(runs: list[ShardRun]) -> None:
         if missing:
             raise MergeError(f"missing shard {', '.join(f'{i}/{count}' for i in missing)} "
                              f"of the selection {what}")
-        metas = [run.doc["meta"].get("selection") or {} for run in members]
+        metas = [run.meta.selection or {} for run in members]
         sizes = {sel.get("selected_items") for sel in metas}
         sums = sum(sel.get("shard_items") or 0 for sel in metas)
         if len(sizes) == 1 and None not in sizes and count > 1 and sums != sizes.pop():
@@ -121,13 +132,13 @@ def check_partition(runs: list[ShardRun]) -> None:
                              f"do not add up): run them from one commit")
     owner: dict[tuple[str, str], str] = {}
     for run in runs:
-        for row in run.doc["results"]:
-            key = (str(row.get("id")), str(row.get("frontend")))
+        for row in run.doc.results:
+            key = (row.case_id, row.frontend)
             if key in owner:
                 raise MergeError(f"overlapping shards: {key[0]}[{key[1]}] is in both "
                                  f"{owner[key]} and {run.directory}")
             owner[key] = run.directory
-    profiles = {str(run.doc["meta"].get("protocol_profile")) for run in runs}
+    profiles = {str(run.meta.protocol_profile or None) for run in runs}
     if len(profiles) > 1:
         raise MergeError(f"mixed protocol profiles {sorted(profiles)}: one run, one profile")
 
@@ -135,12 +146,12 @@ def check_partition(runs: list[ShardRun]) -> None:
 def _partial_reasons(runs: list[ShardRun]) -> list[str]:
     reasons = []
     for run in runs:
-        meta = run.doc["meta"]
-        planned = (meta.get("selection") or {}).get("shard_items")
-        if meta.get("partial"):
-            reasons.append(f"{run.label()}: {meta.get('partial_reason', 'partial')}")
-        elif planned is not None and len(run.doc["results"]) < planned:
-            reasons.append(f"{run.label()}: {len(run.doc['results'])} of {planned} items "
+        meta = run.meta
+        planned = (meta.selection or {}).get("shard_items")
+        if meta.partial:
+            reasons.append(f"{run.label()}: {meta.partial_reason or 'partial'}")
+        elif planned is not None and len(run.doc.results) < planned:
+            reasons.append(f"{run.label()}: {len(run.doc.results)} of {planned} items "
                            f"reported")
     return reasons
 
@@ -158,14 +169,14 @@ def _failing(runs: list[ShardRun], results: list[CaseResult],
                 failing[f"{result.case_id}[{result.frontend}]"] = outcome.message
         return failing
     for run in runs:
-        recorded = run.doc["meta"].get("failing")
+        recorded = run.meta.failing
         if isinstance(recorded, dict):
-            failing.update({str(k): str(v) for k, v in recorded.items()})
+            failing.update(recorded)
             continue
-        for row in run.doc["results"]:
-            if Verdict(row["verdict"]).failing and not row.get("baseline"):
-                failing[f"{row['id']}[{row['frontend']}]"] = f"{row['verdict']}: " \
-                                                             f"{row.get('message', '')}"
+        for row in run.doc.results:
+            if row.verdict.failing and not row.baseline:
+                failing[f"{row.case_id}[{row.frontend}]"] = f"{row.verdict.value}: " \
+                                                            f"{row.message}"
     return failing
 
 
@@ -238,8 +249,7 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
     results: list[CaseResult] = []
     for run in runs:
         moved = _copy_transcripts(run, out)
-        for row in run.doc["results"]:
-            result = CaseResult.from_json(row)
+        for result in run.doc.results:
             old = result.evidence.transcript_file
             if old:
                 result.evidence.transcript_file = moved.get(os.path.basename(old), old)
@@ -247,17 +257,15 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
     results.sort(key=lambda r: (r.case_id, r.frontend))
     failing = _failing(runs, results, baseline)
     reasons = _partial_reasons(runs)
-    outside = {r.label(): int(r.doc["meta"].get("failed_outside_cases") or 0) for r in runs}
+    outside = {r.label(): int(r.meta.failed_outside_cases or 0) for r in runs}
     outside = {label: count for label, count in outside.items() if count}
-    meta = dict(runs[0].doc["meta"])
-    meta.pop("partial_reason", None)
-    meta.update({"shard": None, "partial": bool(reasons),
-                 "merged_from": [{"dir": r.directory, "shard": list(r.shard)} for r in runs],
-                 "selection": _merged_selection(runs), "failing": failing,
-                 "failed_outside_cases": sum(outside.values())})
-    if reasons:
-        meta["partial_reason"] = "; ".join(reasons)
-    doc = {"meta": meta, "results": [r.to_json() for r in results]}
+    meta = msgspec.structs.replace(
+        runs[0].meta, shard=None, partial=bool(reasons),
+        merged_from=[MergedFrom(r.directory, list(r.shard)) for r in runs],
+        selection=_merged_selection(runs), failing=failing,
+        failed_outside_cases=sum(outside.values()),
+        partial_reason="; ".join(reasons) if reasons else msgspec.UNSET)
+    doc = ResultsDocument(meta, results)
     paths = write_document(doc, out)
     junit = os.path.join(out, "junit.xml")
     if merge_junit([os.path.join(r.directory, "junit.xml") for r in runs], junit):
@@ -284,25 +292,27 @@ def _merged_selection(runs: list[ShardRun]) -> dict[str, Any]:
 
 def summary_lines(merged: Merged) -> list[str]:
     """The terminal summary of `corewire run`, for the merged run."""
-    results = merged.doc["results"]
-    meta = merged.doc["meta"]
+    results = merged.doc.results
+    meta = merged.doc.meta
     lines = []
-    if meta.get("partial"):
-        lines.append(f"PARTIAL: {meta.get('partial_reason')}; {len(results)} finished cases "
+    if meta.partial:
+        reason = None if meta.partial_reason is msgspec.UNSET else meta.partial_reason
+        lines.append(f"PARTIAL: {reason}; {len(results)} finished cases "
                      f"reported")
     counts: dict[str, int] = {}
     for row in results:
-        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+        counts[row.verdict.value] = counts.get(row.verdict.value, 0) + 1
     lines.append("  ".join(f"{v.value}={counts.get(v.value, 0)}" for v in Verdict))
     for row in results:
-        name = f"{row['id']}[{row['frontend']}]"
+        name = f"{row.case_id}[{row.frontend}]"
         failing = merged.failing.get(name)
-        if row["verdict"] == Verdict.PASS.value and failing is None:
+        verdict = row.verdict.value
+        if row.verdict is Verdict.PASS and failing is None:
             continue
-        flag = " (baselined)" if row.get("baseline") else ""
-        why = failing if failing is not None and not failing.startswith(row["verdict"]) \
-            else row.get("message", "")
-        line = f"{row['verdict']:<11} {name}{flag}: {why}"
+        flag = " (baselined)" if row.baseline else ""
+        why = failing if failing is not None and not failing.startswith(verdict) \
+            else row.message
+        line = f"{verdict:<11} {name}{flag}: {why}"
         lines.append(line.splitlines()[0][:200])
     for label, count in merged.outside.items():
         lines.append(f"ERROR       {label}: {count} error(s) outside any case (e.g. a leak "

@@ -42,8 +42,9 @@ from harness.stateful.plan import (
     finish_live,
     plan_steps,
 )
-from harness.stateful.settings import stop_strings_enabled
+from harness.stateful.settings import stateful_timescale, stop_strings_enabled
 from harness.stateful.worlds import TRANSPORTS, SansIOWorld, World, make_world
+from harness.timing import Timescale
 from harness.vocab import token_text
 from harness.wire import messages as m
 from mock_engines.script import EngineScript, Step, UtilityReply, default_ready, default_steps
@@ -76,12 +77,14 @@ class FrontendMachine(RuleBasedStateMachine):
     """
 
     def __init__(self, core_factory: CoreFactory = ReferenceFrontendCore,
-                 transport: str = "sansio", *, stop_strings: bool | None = None) -> None:
+                 transport: str = "sansio", *, stop_strings: bool | None = None,
+                 timescale: Timescale | None = None) -> None:
         super().__init__()
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; known: {TRANSPORTS}")
         self.core_factory = core_factory
         self.transport = transport
+        self.timescale = stateful_timescale() if timescale is None else timescale
         # Whether generated requests may carry stop strings (recorded per request, so a
         # replay needs no flag). On by default: see STOP_STRINGS_ENV.
         self.stop_strings = stop_strings_enabled() if stop_strings is None else stop_strings
@@ -172,7 +175,7 @@ class FrontendMachine(RuleBasedStateMachine):
                                 log_stats=log_stats)
                    for r, (mml, blocks) in zip(rank_list, ready, strict=True)]
         self.world = world = make_world(self.transport, rank_list, self.core_factory, model,
-                                        scripts)
+                                        scripts, self.timescale)
         config = world.core.config
         want = (min(r[0] for r in ready), sum(r[1] for r in ready), block_size)
         got = (config.max_model_len, config.num_gpu_blocks, config.block_size)

@@ -20,7 +20,7 @@ from harness.frontends.reference.frontend import CoreFactory
 from harness.frontends.registry import SpecGrammar, lookup, parse_spec
 from harness.stateful.machine import FrontendMachine
 from harness.stateful.replays import write_replay
-from harness.stateful.settings import stateful_settings
+from harness.stateful.settings import stateful_settings, stateful_timescale
 
 SEED_ENV = "COREWIRE_STATEFUL_SEED"
 
@@ -66,9 +66,10 @@ def run_stateful(core_factory: CoreFactory = ReferenceFrontendCore, *,
     chosen = settings or stateful_settings()
     run_seed = _new_seed() if seed is None else seed
     failed: list[FrontendMachine] = []
+    timescale = stateful_timescale()  # read once per run, handed to every example
 
     def factory() -> FrontendMachine:
-        machine = FrontendMachine(core_factory, transport)
+        machine = FrontendMachine(core_factory, transport, timescale=timescale)
         machine.on_failure = failed.append
         return machine
 

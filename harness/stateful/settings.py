@@ -12,6 +12,8 @@ from typing import Any
 
 import hypothesis
 
+from harness.timing import Timescale
+
 EXAMPLES_ENV = "COREWIRE_STATEFUL_EXAMPLES"
 STOP_STRINGS_ENV = "COREWIRE_STATEFUL_STOP_STRINGS"  # "0": requests never carry stop strings
 DEFAULT_EXAMPLES = 200
@@ -54,6 +56,12 @@ def stateful_settings(*, max_examples: int | None = None, step_count: int | None
     return hypothesis.settings(base, max_examples=examples,
                                stateful_step_count=step_count or base.stateful_step_count,
                                **values)
+
+
+def stateful_timescale() -> Timescale:
+    """The time scale of a stateful run ($COREWIRE_TIMESCALE, read with the run's other
+    settings); the socket world scales its bounds by it."""
+    return Timescale.from_environment(os.environ)
 
 
 def stop_strings_enabled() -> bool:

@@ -20,7 +20,7 @@ from harness.stateful.invariants import InvariantViolation
 from harness.stateful.model import WireModel
 from harness.stateful.probe import probe_core
 from harness.stateful.worlds import aborts_of, errors_of, merged_records
-from harness.timing import scaled
+from harness.timing import DEFAULT, Timescale
 from harness.transport.endpoints import PrivateIpcDir
 from mock_engines.engine import MockEngineCore
 from mock_engines.group import EngineGroup
@@ -36,15 +36,16 @@ class SocketWorld:
     sans_io = False
 
     def __init__(self, ranks: Sequence[int], core_factory: CoreFactory, model: WireModel,
-                 scripts: Sequence[EngineScript]) -> None:
+                 scripts: Sequence[EngineScript], timescale: Timescale = DEFAULT) -> None:
         self.ranks = list(ranks)
         self.model = model
-        self.call_timeout = scaled(5.0)
+        self.timescale = timescale
+        self.call_timeout = self.timescale.scaled(5.0)
         self.loop = asyncio.new_event_loop()
         try:
             self.frontend = ReferenceFrontend(
                 self.ranks, core_factory=lambda rs: probe_core(core_factory(rs), model),
-                utility_timeout=scaled(2.0))
+                utility_timeout=timescale.scaled(2.0), timescale=timescale)
         except BaseException:
             self.loop.close()
             raise
@@ -55,7 +56,8 @@ class SocketWorld:
         try:
             self.frontend.bind(inputs, outputs)
             self.group.start_bootstrapped([inputs], [outputs])
-            self._run(self.frontend.wait_ready(scaled(10.0)), scaled(12.0), "startup")
+            self._run(self.frontend.wait_ready(timescale.scaled(10.0)), timescale.scaled(12.0),
+                      "startup")
         except BaseException:
             self.close()
             raise
@@ -140,7 +142,7 @@ class SocketWorld:
         return False
 
     def settle(self) -> bool:
-        bound = scaled(5.0)
+        bound = self.timescale.scaled(5.0)
         return self._run(self._quiesce(bound), bound + 1.0, "settle")
 
     def _cores(self) -> list[MockEngineCore]:
@@ -161,10 +163,10 @@ class SocketWorld:
             if not self.loop.is_closed():
                 with contextlib.suppress(asyncio.TimeoutError):
                     self.loop.run_until_complete(
-                        asyncio.wait_for(self.frontend.close(), scaled(5.0)))
+                        asyncio.wait_for(self.frontend.close(), self.timescale.scaled(5.0)))
         finally:
             try:
-                self.group.stop(scaled(5.0))
+                self.group.stop(self.timescale.scaled(5.0))
             finally:
                 self.ipc.cleanup()
                 if not self.loop.is_closed():

@@ -25,6 +25,7 @@ from harness.frontends.reference.core import ReferenceFrontendCore, Send
 from harness.frontends.reference.frontend import CoreFactory
 from harness.stateful.model import WireModel
 from harness.stateful.probe import probe_core
+from harness.timing import DEFAULT, Timescale
 from harness.transport.sockets import engine_identity
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore
 from mock_engines.script import EngineScript
@@ -56,14 +57,16 @@ class World(Protocol):
 
 
 def make_world(transport: str, ranks: Sequence[int], core_factory: CoreFactory,
-               model: WireModel, scripts: Sequence[EngineScript]) -> World:
-    """The world of one transport name (see TRANSPORTS)."""
+               model: WireModel, scripts: Sequence[EngineScript],
+               timescale: Timescale = DEFAULT) -> World:
+    """The world of one transport name (see TRANSPORTS); `timescale` scales the socket
+    world's bounds (the in-memory world waits on nothing)."""
     if transport == "sansio":
         return SansIOWorld(ranks, core_factory, model, scripts)
     if transport == "sockets":
         from harness.stateful.socket_world import SocketWorld
 
-        return SocketWorld(ranks, core_factory, model, scripts)
+        return SocketWorld(ranks, core_factory, model, scripts, timescale)
     raise ValueError(f"unknown transport {transport!r}; known: {TRANSPORTS}")
 
 

@@ -34,7 +34,6 @@ import pytest
 from harness.casekit import trickle
 from harness.frontends.driver import FrontendError
 from harness.frontends.reference import ReferenceDriver
-from harness.timing import scaled
 from harness.wire import AbortRequests
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
@@ -47,6 +46,7 @@ from mock_engines.vllm_core import (
     shutdown_servers,
 )
 from mock_engines.vllm_core.engine_server import SERVER_START_TIMEOUT, engine_server
+from tests.timescale import TIMESCALE, scaled
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]
 
@@ -135,7 +135,7 @@ async def scenario(driver: ReferenceDriver, group: Any) -> Run:
 
 def run_scenario(group: Any) -> Run:
     async def main() -> Run:
-        driver = ReferenceDriver()
+        driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
             return await asyncio.wait_for(scenario(driver, group), 40)

@@ -20,7 +20,6 @@ import pytest
 import zmq
 
 from harness.frontends.reference import ReferenceDriver
-from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.transport.sockets import engine_identity, make_socket
 from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest
@@ -33,6 +32,7 @@ from mock_engines.vllm_core import (
     shutdown_servers,
 )
 from mock_engines.vllm_core.engine_server import SERVER_START_TIMEOUT, engine_server
+from tests.timescale import TIMESCALE, scaled
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]
 
@@ -64,7 +64,7 @@ def run(body: Body, *, step_delay_s: float = STEP_DELAY, log_stats: bool = True)
 
     async def main() -> None:
         group = VllmCoreGroup(step_delay_s=step_delay_s, log_stats=log_stats)
-        driver = ReferenceDriver()
+        driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
             await asyncio.wait_for(body(driver, group), 30)
@@ -212,7 +212,7 @@ def test_engine_death_reaches_the_frontend() -> None:
 def test_engine_process_is_reaped() -> None:
     async def main() -> None:
         group = VllmCoreGroup()
-        driver = ReferenceDriver()
+        driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
             pid = group[0].pid
@@ -303,7 +303,7 @@ def test_gpu_mode_runs_only_on_a_cuda_machine() -> None:
 
     async def main() -> None:
         group = VllmCoreGroup(mode="gpu")
-        driver = ReferenceDriver()
+        driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, float(os.environ.get("COREWIRE_GPU_START_TIMEOUT", 600)))
             handle = await driver.generate([1, 2, 3], 4)

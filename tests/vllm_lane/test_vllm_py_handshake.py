@@ -21,11 +21,11 @@ from harness.frontends.driver import StartupError, StartupHang
 from harness.frontends.vllm_py import VllmPyDriver
 from harness.frontends.vllm_py_handshake import STARTUP_GRACE
 from harness.leaks import _children
-from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
+from tests.timescale import TIMESCALE, scaled
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +44,7 @@ def test_owns_handshake_and_serves(n: int) -> None:
     async def main() -> None:
         ipc = PrivateIpcDir()
         group = _group([EngineScript() for _ in range(n)], ipc)
-        driver = VllmPyDriver()
+        driver = VllmPyDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
             for rank in range(n):
@@ -74,7 +74,7 @@ def test_unexpected_identity_is_a_startup_error() -> None:
     async def main() -> None:
         ipc = PrivateIpcDir()
         group = _group([EngineScript(), EngineScript(register_as=5)], ipc)
-        driver = VllmPyDriver()
+        driver = VllmPyDriver().with_timescale(TIMESCALE)
         try:
             with pytest.raises(StartupError, match="unexpected data parallel rank: 5"):
                 await driver.start(group, START_TIMEOUT)
@@ -104,7 +104,7 @@ def test_hung_startup_is_aborted_and_leaks_nothing(withheld: str) -> None:
         before = _resources()  # inside the loop: its epoll fd and self-pipe count
         ipc = PrivateIpcDir()
         group = _group([EngineScript(), silent], ipc)
-        driver = VllmPyDriver()
+        driver = VllmPyDriver().with_timescale(TIMESCALE)
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:

@@ -19,10 +19,10 @@ import pytest
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import FrontendError, StartupError
 from harness.frontends.vllm_py import VllmPyDriver
-from harness.timing import scaled
 from harness.transport.endpoints import PrivateIpcDir
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
+from tests.timescale import TIMESCALE, scaled
 from tests.vllm_lane.driving import answering, run_driver, scripts
 
 pytestmark = pytest.mark.vllm
@@ -138,7 +138,7 @@ def test_never_registering_engine_is_a_bounded_startup_error() -> None:
         ipc = PrivateIpcDir()
         group = EngineGroup([EngineScript(), EngineScript(register=False)],
                             coordinator_address=ipc.address("dp-stats"))
-        driver = VllmPyDriver()
+        driver = VllmPyDriver().with_timescale(TIMESCALE)
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:
@@ -167,7 +167,7 @@ def test_teardown_leaks_nothing() -> None:
         group = EngineGroup([EngineScript(rules=[any_request(hold())],
                                           ready_payload=ready_payload) for _ in range(n)],
                             coordinator_address=ipc.address("dp-stats") if n > 1 else None)
-        driver = VllmPyDriver()
+        driver = VllmPyDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
             handle = await driver.generate(prompt(0), 100)

@@ -20,10 +20,10 @@ from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import FrontendError, StartupError, UnsupportedOperation
 from harness.frontends.vllm_rs import VllmRsDriver
 from harness.frontends.vllm_rs_control import ControlError
-from harness.timing import scaled
 from harness.vllm_dist import VllmArtifactError, tiny_lora_dir, vllm_rs_binary
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
+from tests.timescale import TIMESCALE, scaled
 from tests.vllm_lane.driving import run_driver, scripts, wait_for
 
 pytestmark = pytest.mark.vllm
@@ -229,7 +229,7 @@ def test_request_error_ends_stream() -> None:
 def test_malformed_ready_is_startup_error() -> None:
     async def main() -> None:
         group = EngineGroup([EngineScript(ready_payload=b"\xc1garbage")])
-        driver = VllmRsDriver()
+        driver = VllmRsDriver().with_timescale(TIMESCALE)
         began = time.monotonic()
         try:
             with pytest.raises(StartupError, match="vllm-rs exited"):
@@ -271,7 +271,7 @@ def test_shutdown_leaves_no_process() -> None:
 
 def test_shutdown_is_idempotent_and_safe_before_start() -> None:
     async def main() -> None:
-        driver = VllmRsDriver()
+        driver = VllmRsDriver().with_timescale(TIMESCALE)
         await driver.shutdown()  # never started
         group = EngineGroup(1)
         try:

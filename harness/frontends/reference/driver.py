@@ -51,7 +51,7 @@ class ReferenceDriver(FrontendDriver):
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
                                           core_factory=self.core_factory,
                                           stats_address=group.stats_address,
-                                          **self.frontend_kwargs)
+                                          timescale=self.timescale, **self.frontend_kwargs)
         if group.handshake:
             handshake = self._ipc.address("handshake")
             coordinator = ((self._ipc.address("coord-in"), self._ipc.address("coord-out"))

@@ -29,7 +29,7 @@ from harness.frontends.reference.coordinator import (
 )
 from harness.frontends.reference.coordinator_io import CoordinatorTransport
 from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
-from harness.timing import scaled
+from harness.timing import DEFAULT, Timescale
 from harness.transport.sockets import make_socket
 from harness.wire import ProtocolError
 from harness.wire import messages as m
@@ -44,10 +44,11 @@ class ReferenceFrontend:
                  core_factory: CoreFactory = ReferenceFrontendCore,
                  utility_timeout: float | None = None, fail_calls_on_death: bool = True,
                  first_output_deadline: float | None = None,
-                 stats_address: str | None = None) -> None:
+                 stats_address: str | None = None, timescale: Timescale = DEFAULT) -> None:
         self.core = core_factory(list(ranks))
         self.stats_address = stats_address  # the DP coordinator's XPUB (waves, load)
-        self.utility_timeout = scaled(3.0) if utility_timeout is None else utility_timeout
+        self.utility_timeout = (timescale.scaled(3.0) if utility_timeout is None
+                                else utility_timeout)
         # Both knobs exist for the mutant self-test; the defaults are the correct behaviour.
         self.fail_calls_on_death = fail_calls_on_death
         self.first_output_deadline = first_output_deadline

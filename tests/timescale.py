@@ -1,0 +1,11 @@
+"""The self-tests' time scale: read once from $COREWIRE_TIMESCALE (a test is an entry
+point, like the plugin), handed to the drivers and cases a test builds itself."""
+
+from __future__ import annotations
+
+import os
+
+from harness.timing import Timescale
+
+TIMESCALE = Timescale.from_environment(os.environ)
+scaled = TIMESCALE.scaled
