@@ -6,8 +6,9 @@ The session is set up to behave like the plain client a conformance check needs:
 * one connection per request (`force_close`, `Connection: close`): a dropped stream is its
   connection closed, and no pooled connection goes stale against vllm-rs's keep-alive;
 * no connection limit: cases and the bench hold a thousand streams open at once;
-* bodies exactly as sent (no `Accept-Encoding`, no decompression), so SSE events arrive as
-  the frontend flushes them;
+* requests and bodies exactly as the driver builds them (JSON bodies, the path's query
+  as encoded; no `Accept-Encoding`, no decompression), so SSE events arrive as the frontend
+  flushes them;
 * no aiohttp timeouts: callers bound each wait themselves (`asyncio.wait_for`, scaled), so
   a timeout means the same thing for every call.
 
@@ -16,6 +17,7 @@ Connection failures keep one vocabulary (`CONNECTION_ERRORS`, described by `desc
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
@@ -54,7 +56,7 @@ class RsHttpClient:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             headers={"Accept": "*/*", "Connection": "close"},
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
             auto_decompress=False,
             trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_read=None,
@@ -70,9 +72,14 @@ class RsHttpClient:
     async def open(self, method: str, path: str, body: Any = None,
                    headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
         """Send one request and read the status line and headers; the body is the caller's
-        to read and the response the caller's to close."""
-        return await self._session.request(method, self._url(path), json=body,
-                                           headers=headers)
+        to read and the response the caller's to close. A body is sent as JSON; a request
+        without one carries no Content-Type (a route may read an optional JSON body)."""
+        sent = dict(headers or {})
+        data: bytes | None = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            sent["Content-Type"] = "application/json"
+        return await self._session.request(method, self._url(path), data=data, headers=sent)
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         """One non-streaming request: (status, whole body). Unbounded: callers bound it."""
