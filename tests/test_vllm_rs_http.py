@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends import vllm_rs
+from harness.frontends.driver import FrontendError, StreamHandle
+from harness.frontends.vllm_rs import VllmRsDriver
 from harness.frontends.vllm_rs_http import CONNECTION_ERRORS, RsHttpClient, describe
 from harness.frontends.vllm_rs_stream import CompletionStream
 
@@ -182,3 +184,48 @@ def test_more_streams_than_aiohttp_s_default_pool_open_at_once_and_nothing_leaks
         asyncio.run(main())
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def _silent_driver(port: int) -> VllmRsDriver:
+    """A driver whose 'frontend' is a loopback server that never answers (nothing started)."""
+    driver = VllmRsDriver()
+    driver.process.port = port
+    driver._http = RsHttpClient(port)
+    return driver
+
+
+def test_driver_bounds_every_wait_and_keeps_its_typed_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No response head: generate() ends the handle, a utility call is a FrontendError; a
+    refused connection reads the same as with any client."""
+    monkeypatch.setattr(vllm_rs, "HTTP_TIMEOUT", 0.2)
+    monkeypatch.setattr(vllm_rs, "model_dir", lambda: "/model")
+    hang = asyncio.Event()
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await hang.wait()
+
+    async def main() -> None:
+        server, port = await _serve(reply, [])
+        driver = _silent_driver(port)
+        try:
+            handle = await asyncio.wait_for(driver.generate([1], 4), 10)
+            assert handle.finish_reason == "error" and handle.error is not None
+            assert handle.error.startswith("connection to vllm-rs failed: no response head")
+            with pytest.raises(FrontendError, match="GET /is_sleeping: connection failed"):
+                await asyncio.wait_for(driver.is_sleeping(), 10)
+        finally:
+            hang.set()
+            await driver.shutdown()
+            server.close()
+            await server.wait_closed()
+        refused = _silent_driver(port)
+        try:
+            handle = await refused.generate([1], 4)
+            assert handle.error is not None and "Connect call failed" in handle.error
+            with pytest.raises(FrontendError, match="connection failed: .*Connect call failed"):
+                await refused.is_sleeping()
+        finally:
+            await refused.shutdown()
+
+    asyncio.run(main())

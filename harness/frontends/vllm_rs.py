@@ -209,12 +209,12 @@ class VllmRsDriver(FrontendDriver):
             # Sent before returning, so requests reach the frontend in call order.
             entry.response = await asyncio.wait_for(
                 self._client().open("POST", "/v1/completions", body, headers), bound)
-        except CONNECTION_ERRORS as exc:
-            handle.finish("error", f"connection to vllm-rs failed: {describe(exc)}")
-            return handle
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # first: from 3.11 it is an OSError too
             handle.finish("error", f"connection to vllm-rs failed: no response head within "
                                    f"{bound:.0f} s")
+            return handle
+        except CONNECTION_ERRORS as exc:
+            handle.finish("error", f"connection to vllm-rs failed: {describe(exc)}")
             return handle
         entry.task = asyncio.ensure_future(entry.read(stream))
         return handle
