@@ -229,3 +229,34 @@ def test_driver_bounds_every_wait_and_keeps_its_typed_errors(
             await refused.shutdown()
 
     asyncio.run(main())
+
+
+def test_drop_cuts_every_connection_and_ends_handles_as_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dropped stream is its connection gone: the server reads EOF on every one."""
+    monkeypatch.setattr(vllm_rs, "model_dir", lambda: "/model")
+    eofs: list[bool] = []
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + _chunk(_event([100])))
+        await writer.drain()
+        eofs.append(await asyncio.wait_for(reader.read(1), 10) == b"")
+
+    async def main() -> None:
+        server, port = await _serve(reply, [])
+        driver = _silent_driver(port)
+        try:
+            handles = [await driver.generate([1], 50) for _ in range(5)]
+            for handle in handles:
+                await handle.wait_first(10)
+            await driver.drop(handles)
+            assert all(h.dropped and h.finish_reason == "abort" for h in handles)
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(eofs) < 5 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await driver.shutdown()
+            server.close()
+
+    asyncio.run(main())
+    assert eofs == [True] * 5

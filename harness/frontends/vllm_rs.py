@@ -220,8 +220,11 @@ class VllmRsDriver(FrontendDriver):
         return handle
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
-        """Close every connection first (no awaits in between), then tidy up."""
+        """Cut every connection first (no awaits in between), then tidy up."""
         entries = [e for h in handles if (e := self._streams.get(id(h))) is not None]
+        for entry in entries:
+            if not entry.closed:
+                entry.cut()
         for entry in entries:
             entry.close()
         for entry in entries:
@@ -313,6 +316,9 @@ class VllmRsDriver(FrontendDriver):
         """Close client connections, SIGTERM, bounded wait, SIGKILL, release everything."""
         entries = list(self._streams.values())
         self._streams.clear()
+        for entry in entries:
+            if not entry.closed:
+                entry.cut()
         for entry in entries:
             entry.close()
             if entry.task is not None:

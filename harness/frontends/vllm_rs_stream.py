@@ -10,8 +10,10 @@ driver closed it on purpose (a drop, shutdown).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +51,27 @@ class CompletionStream:
     task: asyncio.Task[None] | None = None
     closed: bool = False
 
+    def cut(self) -> None:
+        """End the connection now, in this call: the FIN leaves at once and the transport is
+        aborted (no flush). Dropping many streams cuts them all back to back, so the frontend
+        sees them go at the same moment; closing through aiohttp alone would leave each
+        socket's close to a later callback, spread out by the readers it wakes and by its
+        connection_lost work."""
+        connection = None if self.response is None else self.response.connection
+        transport = None if connection is None else connection.transport
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        transport.abort()
+
     def close(self) -> None:
         """Close the connection at once (for drops this is the client going away); once."""
         if self.response is not None and not self.closed:
             self.closed = True
+            self.cut()
             self.response.close()
 
     async def read(self, stream: bool) -> None:
