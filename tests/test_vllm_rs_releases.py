@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from harness.frontends import vllm_rs
+from harness.frontends import vllm_rs, vllm_rs_process
 from harness.frontends.driver import Capability, UnsupportedOperation
 from harness.frontends.registry import check_spec, make_driver
 from harness.frontends.vllm_rs_releases import (
@@ -37,7 +37,8 @@ class _Group:
 
 @pytest.fixture(autouse=True)
 def _no_binary(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_rs, "_binary", lambda version=None: Path(f"/x/{version}/vllm-rs"))
+    monkeypatch.setattr(vllm_rs_process, "_binary",
+                        lambda version=None: Path(f"/x/{version}/vllm-rs"))
 
 
 def command(spec: str, ranks: list[int], in_arg: int | str = 7, out_arg: int | str = 8,

@@ -1,18 +1,35 @@
-"""The vllm-rs driver's HTTP/1.1 client: one connection per request (`Connection: close`),
-chunked or sized bodies, no dependency; a dropped stream is simply its socket being closed."""
+"""The vllm-rs driver's HTTP client, on aiohttp: one `ClientSession` per started frontend.
+
+The session is set up to behave like the plain client a conformance check needs:
+
+* loopback only, never a proxy or credentials from the environment (`trust_env=False`);
+* one connection per request (`force_close`, `Connection: close`): a dropped stream is its
+  connection closed, and no pooled connection goes stale against vllm-rs's keep-alive;
+* no connection limit: cases and the bench hold a thousand streams open at once;
+* requests and bodies exactly as the driver builds them (JSON bodies, the path's query
+  as encoded; no `Accept-Encoding`, no decompression), so SSE events arrive as the frontend
+  flushes them;
+* no aiohttp timeouts: callers bound each wait themselves (`asyncio.wait_for`, scaled), so
+  a timeout means the same thing for every call.
+
+Connection failures keep one vocabulary (`CONNECTION_ERRORS`, described by `describe`).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+from yarl import URL
 
 from harness.frontends.driver import FrontendError
 
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024  # the longest response header line or field we accept
+HOST = "127.0.0.1"
 
+# What a refused, reset or truncated exchange raises (aiohttp's, and the socket's own).
+CONNECTION_ERRORS = (OSError, aiohttp.ClientError)
 
 
 class HttpError(FrontendError):
@@ -24,79 +41,54 @@ class HttpError(FrontendError):
         self.body = body
 
 
-@dataclass
-class HttpResponse:
-    status: int
-    headers: dict[str, str]
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    async def body_parts(self) -> AsyncIterator[bytes]:
-        """The body as it arrives: de-chunked, or sized, or until EOF."""
-        if self.chunked:
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    raise ConnectionError("connection closed inside a chunked body")
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    await self.reader.readline()  # the (empty) trailer section
-                    return
-                data = await self.reader.readexactly(size + 2)
-                yield data[:-2]
-        elif "content-length" in self.headers:
-            remaining = int(self.headers["content-length"])
-            while remaining > 0:
-                data = await self.reader.read(min(remaining, 65536))
-                if not data:
-                    raise ConnectionError("connection closed inside a sized body")
-                remaining -= len(data)
-                yield data
-        else:
-            while data := await self.reader.read(65536):
-                yield data
-
-    async def read_body(self) -> bytes:
-        return b"".join([part async for part in self.body_parts()])
-
-    def close(self) -> None:
-        """Close at once (no flush, no await): for drops this is the client going away."""
-        self.writer.transport.abort()
+def describe(exc: BaseException) -> str:
+    """A connection failure in the socket's own words (a refused connect is its OSError)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return str(exc.os_error)
+    return str(exc) or type(exc).__name__
 
 
-async def http_request(port: int, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None) -> HttpResponse:
-    """Send one request on a fresh connection and read the status line and headers."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    try:
-        payload = b"" if body is None else json.dumps(body).encode()
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-                 "Connection: close", "Accept: */*", f"Content-Length: {len(payload)}"]
+class RsHttpClient:
+    """HTTP/1.1 to one vllm-rs port; `close()` (awaited) releases the session."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            headers={"Accept": "*/*", "Connection": "close"},
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+            auto_decompress=False,
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_read=None,
+                                          sock_connect=None),
+            max_line_size=MAX_HEADER_BYTES,
+            max_field_size=MAX_HEADER_BYTES,
+        )
+
+    def _url(self, path: str) -> URL:
+        """`path` (query included) goes on the wire exactly as the driver built it."""
+        return URL(f"http://{HOST}:{self.port}{path}", encoded=True)
+
+    async def open(self, method: str, path: str, body: Any = None,
+                   headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        """Send one request and read the status line and headers; the body is the caller's
+        to read and the response the caller's to close. A body is sent as JSON; a request
+        without one carries no Content-Type (a route may read an optional JSON body)."""
+        sent = dict(headers or {})
+        data: bytes | None = None
         if body is not None:
-            lines.append("Content-Type: application/json")
-        lines.extend(f"{k}: {v}" for k, v in (headers or {}).items())
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > MAX_HEADER_BYTES:
-            raise ConnectionError("response header too large")
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-            raise ConnectionError(f"bad status line {status_line!r}")
-        parsed: dict[str, str] = {}
-        for line in header_lines:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                parsed[key.strip().lower()] = value.strip()
-        return HttpResponse(int(parts[1]), parsed, reader, writer)
-    except BaseException:
-        writer.transport.abort()
-        raise
+            data = json.dumps(body).encode()
+            sent["Content-Type"] = "application/json"
+        return await self._session.request(method, self._url(path), data=data, headers=sent)
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        """One non-streaming request: (status, whole body). Unbounded: callers bound it."""
+        async with await self.open(method, path, body) as resp:
+            return resp.status, await resp.read()
+
+    async def close(self) -> None:
+        await self._session.close()
 
 
-__all__ = ["HttpError", "MAX_HEADER_BYTES", "HttpResponse", "http_request"]
+__all__ = ["CONNECTION_ERRORS", "HOST", "HttpError", "MAX_HEADER_BYTES", "RsHttpClient",
+           "describe"]
