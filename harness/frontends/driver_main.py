@@ -34,6 +34,7 @@ from typing import Any
 from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHandle
 from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.reference.frontend import ReferenceFrontend
+from harness.wire import VLLM_0_33, codec_for
 
 # What a first-release driver program declares (COREWIRE_DRIVER_FAULT=old_protocol).
 OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
@@ -163,6 +164,7 @@ class DriverProgram:
         inputs, outputs = f"ipc://{workdir}/in.sock", f"ipc://{workdir}/out.sock"
         stats = msg.get("stats_address")
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
+                                          codec=codec_for(VLLM_0_33),  # what it speaks
                                           stats_address=str(stats) if stats else None)
         capabilities = (list(OLD_CAPABILITIES) if "old_protocol" in self.faults
                         else sorted(c.value for c in ALL_CAPABILITIES))
