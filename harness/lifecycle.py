@@ -9,19 +9,27 @@ vocabulary: a `Phase` per state of a request as the frontend owes it to the engi
 `LifecycleError` that names the phase and the event, so a model or core that feeds an
 impossible event fails loudly instead of drifting.
 
-Role-agnostic on purpose: no sockets, no codec, no frontend or engine types. The fuzz model
-(harness/stateful/model.py) drives it today. To adopt it:
+Role-agnostic on purpose: no sockets, no codec, no frontend or engine types. Two users
+move requests only through this table:
 
-* the reference core (harness/frontends/reference/core.py) would keep a `Phase` on each
-  `RequestState` instead of deriving it from membership of `requests`, `pending_drops` and
-  `stop_aborts`, and keep ended ids (bounded) so "abort of a finished id" is a table
-  lookup; each transition must stay inside the one small method a mutant overrides.
-* the mock engine (mock_engines/engine.py) would replace its live / finished / aborted
-  sets with one phase per id; it sees ADD, ABORT, its own final output and death, not DROP
-  or DRAIN. It needs an event for the ADD (a phase before OPEN) and must treat a
-  `LifecycleError` raised by what the frontend sent (a late ABORT, a duplicate ADD) as
-  the frontend's fault: recorded as evidence and otherwise ignored, as today, never a
-  crash. Resumable sessions would need phases of their own.
+* the fuzz model (harness/stateful/model.py), from the wire alone;
+* the reference frontend core (harness/frontends/reference/core.py): each `RequestState`
+  carries its `Phase`, and `ReferenceFrontendCore._advance` is the one place a phase
+  changes. `requests` (LIVE), `stopped` (STOP_PENDING) and `ended` (terminal, the newest
+  MAX_ENDED kept) are indexes it keeps in step, so "abort of a finished id" is a lookup of
+  that id's phase. The engine's events (OUTPUT, STOP_MATCHED,
+  FINAL_OUTPUT, ENGINE_DEAD) are legal in every phase, so nothing an engine sends can be an
+  illegal transition; ABORT and DRAIN come from the core itself, and one the table refuses
+  is a bug of ours, raised as `LifecycleError`. Each transition sits in one small method
+  a mutant overrides (`_finish`, `end_at_stop`, `drain_ranks`, `explicit_abort_ranks`,
+  `on_ended_output`, `on_finished_requests`, `mark_dead`).
+
+Still to adopt it: the mock engine (mock_engines/engine.py) would replace its live /
+finished / aborted sets with one phase per id; it sees ADD, ABORT, its own final output
+and death, not DROP or DRAIN. It needs an event for the ADD (a phase before OPEN) and must
+treat a `LifecycleError` raised by what the frontend sent (a late ABORT, a duplicate ADD)
+as the frontend's fault: recorded as evidence and otherwise ignored, as today, never a
+crash. Resumable sessions would need phases of their own.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class EndedSessionStillContinuable(ReferenceFrontendCore):
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
                          ) -> list[Send]:
-        ended = self.ended.get(rid)
+        ended = self.request(rid)
         if rid not in self.requests and ended is not None and ended.session is not None:
             return [self.session_add(rid, prompt, max_tokens, resumable=True)]
         return super().continue_session(rid, prompt, max_tokens)

@@ -158,7 +158,7 @@ class LateOutputsAppended(ReferenceFrontendCore):
     """Keeps ended streams routable: tokens of a repeated final output are appended again."""
 
     def on_ended_output(self, output: m.EngineCoreOutput) -> None:
-        state = self.ended.get(output.request_id)
+        state = self.request(output.request_id)
         if state is not None:
             state.handle.tokens.extend(output.new_token_ids)
         super().on_ended_output(output)

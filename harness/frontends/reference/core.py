@@ -5,9 +5,10 @@ check is one small method (routing, ready aggregation, abort batching, utility
 aggregation, death handling), so a mutant frontend overrides exactly one of them.
 
 Every request carries a `Phase` of the lifecycle table (harness/lifecycle.py, the frontend
-role), and `_advance` is the one place a phase changes: `requests` (the live ones) and
-`ended` (the rest, bounded) are indexes `_advance` keeps in step with the phases, and the
-drain queue `pending_drops` is only an order of ids to look at; what a drain pass or an
+role), and `_advance` is the one place a phase changes: `requests` (the live ones),
+`stopped` (ended at a stop string, ABORT owed) and `ended` (terminal, the newest MAX_ENDED)
+are indexes `_advance` keeps in step with the phases, and the drain queue `pending_drops`
+is only an order of ids to look at; what a drain pass or an
 explicit abort does with an id is its phase's business. The events engines cause (OUTPUT,
 STOP_MATCHED, FINAL_OUTPUT, ENGINE_DEAD) are legal in every phase, so nothing an engine
 sends can be an illegal transition; ABORT and DRAIN come from this core alone, and one the
@@ -46,8 +47,8 @@ from harness.wire import EngineDead, ProtocolError, WireCodec
 from harness.wire import messages as m
 
 MAX_ABORT_BATCH = 1024  # ids per drain pass, as vLLM's Rust client does
-# Ended requests remembered (newest last), so a late drop, abort or output of one is a
-# lookup in the lifecycle table; one still owed an ABORT is never forgotten.
+# Terminal requests remembered (newest last), so a late drop, abort or output of one is a
+# lookup in the lifecycle table; one still owed an ABORT is in `stopped`, never forgotten.
 MAX_ENDED = 4096
 Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
 T = TypeVar("T")
@@ -107,8 +108,10 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self.engines = {r: EngineState(r, engine_identity(r)) for r in ranks}
         self._by_identity = {e.identity: e for e in self.engines.values()}
         self.config = ObservedConfig()
-        # Indexes of the phases, kept by _advance: the LIVE requests, and the others.
+        # Indexes of the phases, kept by _advance: the LIVE requests, those ended at a stop
+        # string with an ABORT still owed (STOP_PENDING), and the terminal ones (bounded).
         self.requests: dict[str, RequestState] = {}
+        self.stopped: dict[str, RequestState] = {}
         self.ended: OrderedDict[str, RequestState] = OrderedDict()
         self.utilities: dict[int, PendingUtility] = {}  # call_id -> call
         self.dead: EngineDeadError | None = None
@@ -254,7 +257,8 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         embeds = self.input_tensor(params)
         rank = self.route(data_parallel_rank)
         handle = StreamHandle(list(prompt), request_id=rid)
-        self.ended.pop(rid, None)  # a reused id: the new request is the one it names now
+        self.ended.pop(rid, None)  # a reused id names the new request from now on
+        self.stopped.pop(rid, None)
         self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()),
                                           session=SessionState() if resumable else None)
         self.engines[rank].inflight += 1
@@ -321,27 +325,32 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
 
     def request(self, rid: str) -> RequestState | None:
         """The request `rid` names, live or ended (None: unknown, or long forgotten)."""
-        return self.requests.get(rid) or self.ended.get(rid)
+        return self.requests.get(rid) or self.stopped.get(rid) or self.ended.get(rid)
 
     def _advance(self, state: RequestState, event: Event) -> Phase:
         """The one place a phase changes: along the lifecycle table (LifecycleError if it
         has no such transition: a bug of this core), with the indexes kept in step."""
-        was_live = state.phase.live
-        state.phase = next_phase(state.phase, event, state.request_id)
-        if was_live and not state.phase.live:
-            self.requests.pop(state.request_id, None)
-            self._remember_ended(state)
+        was = state.phase
+        state.phase = next_phase(was, event, state.request_id)
+        if state.phase is not was:
+            self._reindex(state, was)
         return state.phase
 
-    def _remember_ended(self, state: RequestState) -> None:
-        """Keep the newest MAX_ENDED ended requests; one still owed an ABORT stays."""
-        self.ended[state.request_id] = state
-        self.ended.move_to_end(state.request_id)
-        while len(self.ended) > MAX_ENDED:
-            oldest = next(iter(self.ended.values()))
-            if not oldest.phase.terminal:
-                break  # its drain pass comes next; the bound holds again after it
-            self.ended.popitem(last=False)
+    def _reindex(self, state: RequestState, was: Phase) -> None:
+        """Move a request between the indexes of its old and new phase; the terminal ones
+        are kept for the newest MAX_ENDED requests only (the oldest are forgotten)."""
+        rid = state.request_id
+        if was.live and not state.phase.live:
+            self.requests.pop(rid, None)
+        if was is Phase.STOP_PENDING:
+            self.stopped.pop(rid, None)
+        if state.phase is Phase.STOP_PENDING:
+            self.stopped[rid] = state
+        elif state.phase.terminal:
+            self.ended[rid] = state
+            self.ended.move_to_end(rid)
+            while len(self.ended) > MAX_ENDED:
+                self.ended.popitem(last=False)
 
     def _finish(self, rid: str, event: Event, reason: str | None,
                 error: str | None = None) -> None:
@@ -432,16 +441,16 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
     def on_ended_output(self, output: m.EngineCoreOutput) -> None:
         """An output for a request that is not live is ignored, but a final one retires
         the ABORT a stop string left owed (STOP_PENDING + FINAL_OUTPUT -> FINISHED)."""
-        state = self.ended.get(output.request_id)
+        state = self.request(output.request_id)
         if state is not None:
             self._advance(state, Event.FINAL_OUTPUT if output.finished else Event.OUTPUT)
 
     def on_finished_requests(self, request_ids: Iterable[str]) -> None:
         """The engine retired these ids: no ABORT is owed for any of them any more."""
         for rid in request_ids:
-            ended = self.ended.get(rid)
-            if ended is not None:
-                self._advance(ended, Event.FINAL_OUTPUT)
+            stopped = self.stopped.get(rid)
+            if stopped is not None:
+                self._advance(stopped, Event.FINAL_OUTPUT)
             elif self.retired_by_engine(rid):
                 self.retired_without_output(rid)
 
@@ -574,7 +583,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self.dead = EngineDeadError(reason)
         for rid in list(self.requests):
             self._finish(rid, Event.ENGINE_DEAD, "error", f"engine dead: {reason}")
-        for state in [s for s in self.ended.values() if s.phase.abort_owed]:
+        for state in list(self.stopped.values()):
             self._advance(state, Event.ENGINE_DEAD)  # no ABORT is ever sent after death
         self.pending_drops.clear()
 
