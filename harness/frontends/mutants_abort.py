@@ -6,8 +6,13 @@ so that the abort cases of conformance/test_abort*.py prove they can fail.
 
 from __future__ import annotations
 
-from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
-from harness.lifecycle import Event, Phase
+from harness.frontends.reference.core import (
+    MAX_ABORT_BATCH,
+    ReferenceFrontendCore,
+    RequestState,
+    Send,
+)
+from harness.lifecycle import Event
 from harness.wire import messages as m
 
 SMALL_BATCH = 8
@@ -15,13 +20,20 @@ SMALL_BATCH = 8
 
 class AbortStopTokenFinished(ReferenceFrontendCore):
     """Treats an engine-side STOP (EOS / stop token) like a frontend stop string: owes an
-    ABORT for a request the engine already finished."""
+    ABORT for a request the engine already finished (one rule, at both places an engine's
+    finish lands: the end of a request, and a session's segment boundary)."""
 
     def end_by_engine(self, state: RequestState, output: m.EngineCoreOutput) -> None:
         if output.finish_reason is m.FinishReason.STOP:
             self.end_at_stop(state, engine_finished=False)
             return
         super().end_by_engine(state, output)
+
+    def segment_continues(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        goes_on = super().segment_continues(state, output)
+        if goes_on and output.finish_reason is m.FinishReason.STOP:
+            self.queue_drop([state.request_id])
+        return goes_on
 
 
 class AbortUnstartedAtFirstEngine(ReferenceFrontendCore):
@@ -97,13 +109,16 @@ class AbortOneFramePerId(ReferenceFrontendCore):
 
 
 class AbortFinishedIds(ReferenceFrontendCore):
-    """Remembers ended requests and still aborts them when their stream is dropped."""
+    """Remembers ended requests (engine death included) and still aborts them when their
+    stream is dropped, in a frame of their own after the drain pass's."""
 
-    def drain_ranks(self, rid: str) -> list[int]:
-        state = self.request(rid)
-        if state is not None and state.phase in (Phase.FINISHED, Phase.ABORTED, Phase.DRAINED):
-            return [state.rank]
-        return super().drain_ranks(rid)
+    def drain_drops(self) -> list[Send]:
+        late: dict[int, list[str]] = {}
+        for rid in self.pending_drops[:MAX_ABORT_BATCH]:
+            state = self.request(rid)
+            if state is not None and not state.phase.live:
+                late.setdefault(state.rank, []).append(rid)
+        return super().drain_drops() + self.abort_frames(late)
 
 
 class EmptyAbortFrame(ReferenceFrontendCore):
