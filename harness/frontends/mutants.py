@@ -36,7 +36,18 @@ class Mutant:
     frontend_kwargs: dict[str, Any] | None = None
 
 
-MUTANTS: dict[str, Mutant] = {mutant.name: mutant for mutant in [
+def _by_name(mutants: list[Mutant]) -> dict[str, Mutant]:
+    """The registry keyed by name; a name given twice is refused (the second entry would
+    silently replace the first, and the kill matrix is keyed by name)."""
+    registry: dict[str, Mutant] = {}
+    for mutant in mutants:
+        if mutant.name in registry:
+            raise ValueError(f"mutant {mutant.name!r} is registered twice")
+        registry[mutant.name] = mutant
+    return registry
+
+
+MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("sleeping_first_engine", "is_sleeping taken from the first engine only",
            mu.SleepingFirstEngine),
     Mutant("reset_or", "reset_prefix_cache ORed instead of ANDed", mu.ResetPrefixCacheOr),
@@ -156,8 +167,6 @@ MUTANTS: dict[str, Mutant] = {mutant.name: mutant for mutant in [
            dp.ServesWithHelloQuorum),
     Mutant("hello_identity_unchecked", "engines matched by arrival at HELLO and registration",
            dp.HelloIdentityUnchecked),
-    Mutant("handshake_timeout_unnamed", "handshake timeout names no engine or stage",
-           dp.HandshakeTimeoutUnnamed),
     Mutant("ready_sync_only_with_dp", "a single engine's ready response not applied",
            dp.ReadySyncOnlyWithDp),
     Mutant("identities_from_zero", "engine identities 0..n-1, start index ignored",
@@ -407,7 +416,7 @@ MUTANTS: dict[str, Mutant] = {mutant.name: mutant for mutant in [
            "publication", ee.WavesCountedFromOne),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
-]}
+])
 
 
 # Cases that no mutant is expected to fail, with the reason (reported in the kill matrix).

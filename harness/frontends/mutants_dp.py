@@ -204,13 +204,6 @@ class HelloIdentityUnchecked(IdentityByArrival):
         return super()._handshake_engine(alias, stage)
 
 
-class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
-    """A handshake timeout says only that startup timed out."""
-
-    def handshake_timeout(self, timeout: float) -> StartupError:
-        return StartupError(f"engine startup timed out after {timeout:.1f}s")
-
-
 class ReadySyncOnlyWithDp(ReferenceFrontendCore):
     """Ready responses are aggregated only for DP > 1; a single engine's is never applied."""
 
@@ -335,14 +328,16 @@ class StartupErrorUnnamed(ReferenceFrontendCore):
 
 
 class StartupAcceptsAnything(ReferenceFrontendCore):
+    """A ready frame it cannot use is accepted anyway (the engine counts as registered);
+    one from an unknown identity is ignored instead of refused."""
+
     def on_ready(self, identity: bytes, payload: bytes) -> None:
         engine = self._by_identity.get(bytes(identity))
         if engine is None:
             return
-        engine.registered = True
         try:
-            ready = self.codec.decode_ready(payload)
-        except Exception:
-            return
-        if ready is not None:
-            self.apply_ready(engine.rank, ready)
+            super().on_ready(identity, payload)
+        except StartupError:
+            if engine.registered:
+                raise  # refused after registration (a block_size disagreement): as before
+            engine.registered = True
