@@ -11,12 +11,18 @@ the two ends of one connection). What a role's table does not list is not a no-o
 feeds an impossible event fails loudly instead of drifting.
 
 * FRONTEND (`TRANSITIONS`): the request as the frontend owes it to its engine: open,
-  dropped, stopped at a stop string, then finished / aborted / drained / dead. The fuzz
-  model (harness/stateful/model.py) drives it. The reference core
-  (harness/frontends/reference/core.py) adopts it by keeping a `Phase` on each
-  `RequestState` instead of deriving it from membership of `requests`, `pending_drops`
-  and `stop_aborts`; each transition must stay inside the one small method a mutant
-  overrides.
+  dropped, stopped at a stop string, then finished / aborted / drained / dead. Two users
+  move requests only through it: the fuzz model (harness/stateful/model.py), from the wire
+  alone, and the reference frontend core (harness/frontends/reference/core.py): each
+  `RequestState` carries its `Phase`, and `ReferenceFrontendCore._advance` is the one place
+  a phase changes. `requests` (LIVE), `stopped` (STOP_PENDING) and `ended` (terminal, the
+  newest MAX_ENDED kept) are indexes it keeps in step, so "abort of a finished id" is a
+  lookup of that id's phase. The engine's events (OUTPUT, STOP_MATCHED, FINAL_OUTPUT,
+  ENGINE_DEAD) are legal in every phase, so nothing an engine sends can be an illegal
+  transition; ABORT and DRAIN come from the core itself, and one the table refuses is a bug
+  of ours, raised as `LifecycleError`. Each transition sits in one small method a mutant
+  overrides (`_finish`, `end_at_stop`, `drain_ranks`, `explicit_abort_ranks`,
+  `on_ended_output`, `on_finished_requests`, `mark_dead`).
 * ENGINE (`ENGINE_TRANSITIONS`): the request as one engine core sees it: an ADD (from
   NEW, the phase of an id it never saw), ABORT, its own outputs and final output, a
   silent retire, a resumable session's segments, its own death. The mock engine
@@ -108,6 +114,7 @@ class Event(enum.Enum):
 LIVE = frozenset({Phase.OPEN, Phase.DROPPED})
 ABORT_OWED = frozenset({Phase.DROPPED, Phase.STOP_PENDING})
 TERMINAL = frozenset({Phase.FINISHED, Phase.ABORTED, Phase.DRAINED, Phase.DEAD})
+FRONTEND_PHASES = LIVE | {Phase.STOP_PENDING} | TERMINAL  # the frontend role's phases
 
 _P, _E = Phase, Event
 _TABLE: dict[tuple[Phase, Event], Phase] = {

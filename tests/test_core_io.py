@@ -25,7 +25,7 @@ RANKS = (0, 1)
 
 
 def _core() -> ReferenceFrontendCore:
-    core = ReferenceFrontendCore(list(RANKS))
+    core = ReferenceFrontendCore(list(RANKS), codec=DEFAULT_CODEC)
     for rank in RANKS:
         engine = MockEngineCore(rank, EngineScript(ready=default_ready(rank, len(RANKS))),
                                 dp_size=len(RANKS))

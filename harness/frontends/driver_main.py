@@ -35,6 +35,7 @@ from harness.frontends.driver import ALL_CAPABILITIES, FrontendError, StreamHand
 from harness.frontends.driver_protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.timing import Timescale
+from harness.wire import VLLM_0_33, codec_for
 
 # What a first-release driver program declares (COREWIRE_DRIVER_FAULT=old_protocol).
 OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
@@ -167,6 +168,7 @@ class DriverProgram:
         timescale = (Timescale(float(msg["timescale"])) if msg.get("timescale")
                      else Timescale.from_environment(os.environ))
         self.frontend = ReferenceFrontend([int(e["rank"]) for e in msg["engines"]],
+                                          codec=codec_for(VLLM_0_33),  # what it speaks
                                           stats_address=str(stats) if stats else None,
                                           timescale=timescale)
         capabilities = (list(OLD_CAPABILITIES) if "old_protocol" in self.faults

@@ -1,17 +1,18 @@
-"""Deliberately broken reference frontends: each violates exactly one rule.
+"""The registry of deliberately broken reference frontends: each violates exactly one rule.
 
 A conformance case that no broken frontend can fail proves nothing, so the self-test
 (tests/test_mutants.py) runs the suites against every mutant, asserts each one is caught,
-and reports the kill matrix. Each mutant overrides one method of the reference core.
+and reports the kill matrix. Each mutant core overrides one rule of the reference core;
+the cores live in their area's module (mutants_<area>.py), this module only names them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.frontends import mutants_abort as ma
 from harness.frontends import mutants_coordinator as mc
 from harness.frontends import mutants_dp as dp
 from harness.frontends import mutants_edges_a as ea
@@ -21,409 +22,79 @@ from harness.frontends import mutants_edges_d as ed
 from harness.frontends import mutants_edges_e as ee
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
-from harness.frontends.driver import StartupError, StreamHandle
-from harness.frontends.mutants_abort import (
-    AbortAcrossEnginesOneFrame,
-    AbortBatchLimitLosesIds,
-    AbortRerouted,
-    AbortStopTokenFinished,
-    AbortUnstartedAtFirstEngine,
-    ExplicitAbortUsesHistory,
-)
-from harness.frontends.mutants_utility import (
-    BoolAnswersFromEngineZero,
-    CollectiveRpcEngineZero,
-    ConsensusFromEngineZero,
-    DuplicateIdNotChecked,
-    FailureIgnoredWhenOthersAnswer,
-    KvParamsFalsyDropped,
-    NegativeCallIdFatal,
-    PassThroughKvOnly,
-    RequestIdNeverReusable,
-    ResultsInArrivalOrder,
-)
-from harness.frontends.reference.core import (
-    PendingUtility,
-    ReferenceFrontendCore,
-    RequestState,
-    Send,
-)
+from harness.frontends import mutants_utility as mu
+from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.driver import ReferenceDriver
-from harness.wire import messages as m
-
-
-class SleepingFirstEngine(ReferenceFrontendCore):
-    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
-        return bool(values[0])
-
-
-class ResetPrefixCacheOr(ReferenceFrontendCore):
-    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
-        return any(bool(v) for v in values)
-
-
-class AbortWrongEngine(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
-        ranks = sorted(self.engines)
-        shifted = {ranks[(ranks.index(r) + 1) % len(ranks)]: ids for r, ids in per_engine.items()}
-        return super().abort_frames(shifted)
-
-
-class AbortOneFramePerId(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
-        return [(self.engines[r].identity, self.codec.encode_abort([rid]))
-                for r, ids in sorted(per_engine.items()) for rid in ids]
-
-
-class AbortFinishedIds(ReferenceFrontendCore):
-    """Remembers finished requests and still aborts them when their stream is dropped."""
-
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
-        state = self.requests.get(rid)
-        if state is not None:
-            self.__dict__.setdefault("finished_owner", {})[rid] = state.rank
-        super()._finish(rid, reason, error)
-
-    def drain_drops(self) -> list[Send]:
-        owners: dict[str, int] = self.__dict__.get("finished_owner", {})
-        late = {rid: owners[rid] for rid in self.pending_drops
-                if rid not in self.requests and rid in owners}
-        sends = super().drain_drops()
-        per_engine: dict[int, list[str]] = {}
-        for rid, rank in late.items():
-            per_engine.setdefault(rank, []).append(rid)
-        return sends + super().abort_frames(per_engine)
-
-
-class EmptyAbortFrame(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
-        sends = super().abort_frames(per_engine)
-        return sends or [(self.engines[min(self.engines)].identity, self.codec.encode_abort([]))]
-
-
-class DuplicateAbort(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
-        sends = super().abort_frames(per_engine)
-        return sends + sends
-
-
-class BlockSizeIgnored(ReferenceFrontendCore):
-    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
-        super().apply_ready(rank, ready)
-        self.config.block_size = 16  # the frontend's own default, not the engine's
-
-
-class BlockSizeLastWins(ReferenceFrontendCore):
-    def check_block_sizes(self) -> None:
-        pass
-
-
-class MaxModelLenMax(ReferenceFrontendCore):
-    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
-        previous = self.config.max_model_len
-        super().apply_ready(rank, ready)
-        self.config.max_model_len = max(previous or 0, ready.max_model_len)
-
-
-class GpuBlocksLastWins(ReferenceFrontendCore):
-    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
-        super().apply_ready(rank, ready)
-        self.config.num_gpu_blocks = ready.num_gpu_blocks
-
-
-class EngineDeadIgnored(ReferenceFrontendCore):
-    def mark_dead(self, reason: str) -> None:
-        pass
-
-
-class ErrorKillsAllStreams(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        if output.finish_reason is m.FinishReason.ERROR:
-            for rid in list(self.requests):
-                self._finish(rid, "error", "request failed")
-            return
-        super().on_request_output(output)
-
-
-class UtilityFirstReplyWins(ReferenceFrontendCore):
-    """Pairs results by arrival instead of by call id: the first reply answers for all."""
-
-    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
-                          ) -> PendingUtility | None:
-        call = self.utilities.get(out.call_id)
-        done = super().on_utility_output(engine_index, out)
-        if call is None or done is not None:
-            return done
-        value = out.result.value if out.result is not None else None
-        for rank in call.call_ids.values():
-            call.results.setdefault(rank, value)
-        self.forget_utility(call)
-        return call
-
-
-class ExplicitRankIgnored(ReferenceFrontendCore):
-    def route(self, data_parallel_rank: int | None) -> int:
-        return super().route(None)
-
-
-class StopStringNotAborted(ReferenceFrontendCore):
-    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
-        self._finish(state.request_id, "stop")
-
-
-class StartupAcceptsAnything(ReferenceFrontendCore):
-    def on_ready(self, identity: bytes, payload: bytes) -> None:
-        engine = self._by_identity.get(bytes(identity))
-        if engine is None:
-            return
-        engine.registered = True
-        try:
-            ready = self.codec.decode_ready(payload)
-        except Exception:
-            return
-        if ready is not None:
-            self.apply_ready(engine.rank, ready)
-
-
-class UnknownOutputFatal(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        if output.request_id not in self.requests:
-            self.mark_dead(f"output for unknown request {output.request_id}")
-            return
-        super().on_request_output(output)
-
-
-class TokensReordered(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        output.new_token_ids.reverse()
-        super().on_request_output(output)
-
-
-class FinishReasonsConflated(ReferenceFrontendCore):
-    """Reports every non-error finish as 'length'."""
-
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        if output.finish_reason is not None and output.finish_reason is not m.FinishReason.ERROR:
-            output.finish_reason = m.FinishReason.LENGTH
-        super().on_request_output(output)
-
-
-class AllToFirstEngine(ReferenceFrontendCore):
-    def route(self, data_parallel_rank: int | None) -> int:
-        return min(self.engines) if data_parallel_rank is None else data_parallel_rank
-
-
-class SleepingAlwaysFalse(ReferenceFrontendCore):
-    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
-        super().aggregate_is_sleeping(values)
-        return False
-
-
-class SleepingAlwaysTrue(ReferenceFrontendCore):
-    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
-        super().aggregate_is_sleeping(values)
-        return True
-
-
-class ResetAlwaysTrue(ReferenceFrontendCore):
-    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
-        return True
-
-
-class ResetAlwaysFalse(ReferenceFrontendCore):
-    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
-        return False
-
-
-class UtilityEngineZeroOnly(ReferenceFrontendCore):
-    """Sends utilities to the first engine only (what vLLM's offline SyncMPClient does)."""
-
-    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
-                                                                       list[Send]]:
-        call, sends = super().start_utility(method, args)
-        first = min(call.call_ids, key=lambda cid: call.call_ids[cid])
-        for cid in [c for c in call.call_ids if c != first]:
-            del call.call_ids[cid]
-            self.utilities.pop(cid, None)
-        return call, sends[:1]
-
-
-class UnsolicitedReplyFatal(ReferenceFrontendCore):
-    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
-                          ) -> PendingUtility | None:
-        if out.call_id not in self.utilities:
-            self.mark_dead(f"reply to unknown utility call {out.call_id}")
-            return None
-        return super().on_utility_output(engine_index, out)
-
-
-class UtilityReplyToLatestCall(ReferenceFrontendCore):
-    """Hands every reply to the most recently started call of that engine."""
-
-    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
-                          ) -> PendingUtility | None:
-        owner = self.utilities.get(out.call_id)
-        if owner is not None:
-            rank = owner.call_ids[out.call_id]
-            latest = max(cid for cid, call in self.utilities.items()
-                         if call.call_ids.get(cid) == rank)
-            out = m.UtilityOutput(latest, out.failure_message, out.result)
-        return super().on_utility_output(engine_index, out)
-
-
-class UtilityExtraArg(ReferenceFrontendCore):
-    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
-                                                                       list[Send]]:
-        return super().start_utility(method, [*args, self.client_index])
-
-
-class ErrorAfterTokensIsSuccess(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        state = self.requests.get(output.request_id)
-        if (state is not None and state.handle.tokens
-                and output.finish_reason is m.FinishReason.ERROR):
-            output.finish_reason = m.FinishReason.LENGTH
-        super().on_request_output(output)
-
-
-class FirstOutputOnly(ReferenceFrontendCore):
-    """Reads only the first request output of each engine message."""
-
-    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
-        message = self.codec.decode_outputs(frames)
-        if isinstance(message, m.EngineCoreOutputs) and len(message.outputs) > 1:
-            message.outputs = message.outputs[:1]
-            frames = self.codec.encode_outputs(message)
-        return super().on_output(frames)
-
-
-class EmptyDeltaFinishes(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        if not output.new_token_ids and output.finish_reason is None:
-            output.finish_reason = m.FinishReason.LENGTH
-        super().on_request_output(output)
-
-
-class LengthReportedAsStop(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        if output.finish_reason is m.FinishReason.LENGTH:
-            output.finish_reason = m.FinishReason.STOP
-        super().on_request_output(output)
-
-
-class NoText(ReferenceFrontendCore):
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        state = self.requests.get(output.request_id)
-        super().on_request_output(output)
-        if state is not None:
-            state.handle.text = ""
-
-
-class EngineOneUnreachable(ReferenceFrontendCore):
-    """Maps every engine's requests to the first engine's identity."""
-
-    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
-                    data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None, request_id: str | None = None,
-                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
-        handle, (_identity, frames) = super().add_request(
-            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
-            request_id=request_id, params=params)
-        return handle, (self.engines[min(self.engines)].identity, frames)
-
-
-class ServesWithMissingEngines(ReferenceFrontendCore):
-    @property
-    def registered(self) -> bool:
-        return any(e.registered for e in self.engines.values())
-
-
-class ReadyForbidsUnknownKeys(ReferenceFrontendCore):
-    def on_ready(self, identity: bytes, payload: bytes) -> None:
-        import msgspec
-
-        known = set(m.EngineCoreReadyResponse.__struct_fields__)
-        try:
-            keys = set(msgspec.msgpack.decode(payload)) if payload else set()
-        except Exception:
-            keys = set()
-        if keys - known:
-            raise StartupError(f"unknown ready keys {sorted(keys - known)}")
-        super().on_ready(identity, payload)
-
-
-class StartupErrorUnnamed(ReferenceFrontendCore):
-    def registration_timeout(self, timeout: float) -> StartupError:
-        return StartupError("timed out waiting for engines to start")
-
-
-class SchedulerStatsFatal(ReferenceFrontendCore):
-    """Chokes on scheduler stats (e.g. a strict decoder without the stats schema)."""
-
-    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
-        message = self.codec.decode_outputs(frames)
-        if isinstance(message, m.EngineCoreOutputs) and message.scheduler_stats is not None:
-            self.mark_dead("unexpected scheduler_stats")
-            return []
-        return super().on_output(frames)
+from harness.frontends.reference.frontend import CoreFactory
 
 
 @dataclass(frozen=True)
 class Mutant:
     name: str
     rule: str  # the one rule it breaks
-    core: Callable[[Sequence[int]], ReferenceFrontendCore]
+    core: CoreFactory
     frontend_kwargs: dict[str, Any] | None = None
 
 
-MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
+def _by_name(mutants: list[Mutant]) -> dict[str, Mutant]:
+    """The registry keyed by name; a name given twice is refused (the second entry would
+    silently replace the first, and the kill matrix is keyed by name)."""
+    registry: dict[str, Mutant] = {}
+    for mutant in mutants:
+        if mutant.name in registry:
+            raise ValueError(f"mutant {mutant.name!r} is registered twice")
+        registry[mutant.name] = mutant
+    return registry
+
+
+MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("sleeping_first_engine", "is_sleeping taken from the first engine only",
-           SleepingFirstEngine),
-    Mutant("reset_or", "reset_prefix_cache ORed instead of ANDed", ResetPrefixCacheOr),
-    Mutant("abort_wrong_engine", "ABORT sent to the wrong engine", AbortWrongEngine),
+           mu.SleepingFirstEngine),
+    Mutant("reset_or", "reset_prefix_cache ORed instead of ANDed", mu.ResetPrefixCacheOr),
+    Mutant("abort_wrong_engine", "ABORT sent to the wrong engine", ma.AbortWrongEngine),
     Mutant("abort_one_frame_per_id", "one ABORT frame per id (no coalescing)",
-           AbortOneFramePerId),
-    Mutant("abort_finished_ids", "finished ids aborted on drop", AbortFinishedIds),
+           ma.AbortOneFramePerId),
+    Mutant("abort_finished_ids", "finished ids aborted on drop", ma.AbortFinishedIds),
     Mutant("empty_abort_frame", "an empty ABORT frame when nothing is live",
-           EmptyAbortFrame),
-    Mutant("duplicate_abort", "every ABORT frame sent twice", DuplicateAbort),
+           ma.EmptyAbortFrame),
+    Mutant("duplicate_abort", "every ABORT frame sent twice", ma.DuplicateAbort),
     Mutant("block_size_ignored", "block_size from the ready response ignored",
-           BlockSizeIgnored),
+           dp.BlockSizeIgnored),
     Mutant("block_size_last_wins", "disagreeing block_size not detected (last wins)",
-           BlockSizeLastWins),
-    Mutant("max_model_len_max", "max_model_len = max instead of min", MaxModelLenMax),
+           dp.BlockSizeLastWins),
+    Mutant("max_model_len_max", "max_model_len = max instead of min", dp.MaxModelLenMax),
     Mutant("gpu_blocks_last_wins", "num_gpu_blocks last-wins instead of summed",
-           GpuBlocksLastWins),
+           dp.GpuBlocksLastWins),
     Mutant("engine_dead_ignored", "ENGINE_CORE_DEAD (and lost engines) ignored",
-           EngineDeadIgnored),
-    Mutant("error_kills_all", "a per-request ERROR ends every stream", ErrorKillsAllStreams),
+           ms.EngineDeadIgnored),
+    Mutant("error_kills_all", "a per-request ERROR ends every stream", ms.ErrorKillsAllStreams),
     Mutant("utility_first_reply_wins", "utility results paired by arrival, not call id",
-           UtilityFirstReplyWins),
+           mu.UtilityFirstReplyWins),
     Mutant("utility_unbounded", "no bound on a missing utility reply", ReferenceFrontendCore,
            {"utility_timeout": math.inf}),
-    Mutant("explicit_rank_ignored", "data_parallel_rank not honoured", ExplicitRankIgnored),
+    Mutant("explicit_rank_ignored", "data_parallel_rank not honoured", dp.ExplicitRankIgnored),
     Mutant("stop_string_not_aborted", "stop-string match not aborted at the engine",
-           StopStringNotAborted),
+           ma.StopStringNotAborted),
     Mutant("startup_accepts_anything", "malformed ready frames accepted",
-           StartupAcceptsAnything),
+           dp.StartupAcceptsAnything),
     Mutant("unknown_output_fatal", "an output for an unknown id kills the client",
-           UnknownOutputFatal),
-    Mutant("tokens_reordered", "tokens within a chunk reordered", TokensReordered),
+           ms.UnknownOutputFatal),
+    Mutant("tokens_reordered", "tokens within a chunk reordered", ms.TokensReordered),
     Mutant("finish_reasons_conflated", "every finish reported as length",
-           FinishReasonsConflated),
+           ms.FinishReasonsConflated),
     Mutant("all_to_first_engine", "no load balancing: everything to engine 0",
-           AllToFirstEngine),
-    Mutant("sleeping_always_false", "is_sleeping always false", SleepingAlwaysFalse),
-    Mutant("sleeping_always_true", "is_sleeping always true", SleepingAlwaysTrue),
-    Mutant("reset_always_true", "reset_prefix_cache always true", ResetAlwaysTrue),
-    Mutant("reset_always_false", "reset_prefix_cache always false", ResetAlwaysFalse),
+           dp.AllToFirstEngine),
+    Mutant("sleeping_always_false", "is_sleeping always false", mu.SleepingAlwaysFalse),
+    Mutant("sleeping_always_true", "is_sleeping always true", mu.SleepingAlwaysTrue),
+    Mutant("reset_always_true", "reset_prefix_cache always true", mu.ResetAlwaysTrue),
+    Mutant("reset_always_false", "reset_prefix_cache always false", mu.ResetAlwaysFalse),
     Mutant("utility_engine_zero_only", "utilities sent to the first engine only",
-           UtilityEngineZeroOnly),
+           mu.UtilityEngineZeroOnly),
     Mutant("unsolicited_reply_fatal", "a reply with an unknown call id kills the client",
-           UnsolicitedReplyFatal),
+           mu.UnsolicitedReplyFatal),
     Mutant("utility_reply_to_latest_call", "replies handed to the newest call",
-           UtilityReplyToLatestCall),
-    Mutant("utility_extra_arg", "utility args carry an extra element", UtilityExtraArg),
+           mu.UtilityReplyToLatestCall),
+    Mutant("utility_extra_arg", "utility args carry an extra element", mu.UtilityExtraArg),
     Mutant("utility_timeout_too_short", "utility calls time out after 0.2 s",
            ReferenceFrontendCore, {"utility_timeout": 0.2}),
     Mutant("dead_leaves_calls_pending", "engine death does not fail pending utility calls",
@@ -431,37 +102,37 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
     Mutant("first_output_deadline", "requests fail without output within 0.5 s",
            ReferenceFrontendCore, {"first_output_deadline": 0.5}),
     Mutant("error_after_tokens_is_success", "ERROR after some tokens reported as length",
-           ErrorAfterTokensIsSuccess),
+           ms.ErrorAfterTokensIsSuccess),
     Mutant("first_output_only", "only the first output of a batched message is read",
-           FirstOutputOnly),
+           ms.FirstOutputOnly),
     Mutant("empty_delta_finishes", "an output without tokens ends the stream",
-           EmptyDeltaFinishes),
-    Mutant("length_reported_as_stop", "LENGTH reported as stop", LengthReportedAsStop),
-    Mutant("no_text", "no detokenized text", NoText),
+           ms.EmptyDeltaFinishes),
+    Mutant("length_reported_as_stop", "LENGTH reported as stop", ms.LengthReportedAsStop),
+    Mutant("no_text", "no detokenized text", ms.NoText),
     Mutant("engine_one_unreachable", "every request sent to the first engine's identity",
-           EngineOneUnreachable),
+           dp.EngineOneUnreachable),
     Mutant("serves_with_missing_engines", "serves before every engine registered",
-           ServesWithMissingEngines),
+           dp.ServesWithMissingEngines),
     Mutant("startup_error_unnamed", "startup timeout error does not name the engine",
-           StartupErrorUnnamed),
+           dp.StartupErrorUnnamed),
     Mutant("scheduler_stats_fatal", "scheduler stats on a message kill the client",
-           SchedulerStatsFatal),
+           ms.SchedulerStatsFatal),
     Mutant("ready_forbids_unknown_keys", "ready responses with unknown keys rejected",
-           ReadyForbidsUnknownKeys),
+           dp.ReadyForbidsUnknownKeys),
     # -- abort (cores in mutants_abort.py) --
     Mutant("abort_stop_token_finished", "requests finished by an engine STOP aborted anyway",
-           AbortStopTokenFinished),
+           ma.AbortStopTokenFinished),
     Mutant("abort_unstarted_at_first_engine",
-           "requests without output yet aborted at engine 0", AbortUnstartedAtFirstEngine),
+           "requests without output yet aborted at engine 0", ma.AbortUnstartedAtFirstEngine),
     Mutant("abort_across_engines_one_frame", "one ABORT frame for all engines' ids",
-           AbortAcrossEnginesOneFrame),
+           ma.AbortAcrossEnginesOneFrame),
     Mutant("abort_batch_limit_loses_ids", "ids past 8 per drain pass forgotten",
-           AbortBatchLimitLosesIds),
+           ma.AbortBatchLimitLosesIds),
     Mutant("abort_rerouted", "drops aborted at the engine the router picks now",
-           AbortRerouted),
+           ma.AbortRerouted),
     Mutant("explicit_abort_uses_history",
            "explicit abort sends finished, dropped and aborted ids again",
-           ExplicitAbortUsesHistory),
+           ma.ExplicitAbortUsesHistory),
     # -- dp, ready, handshake (cores in mutants_dp.py) --
     Mutant("rank_indexes_engine_list", "data_parallel_rank used as a list index (-1 = last)",
            dp.RankIndexesEngineList),
@@ -496,8 +167,6 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            dp.ServesWithHelloQuorum),
     Mutant("hello_identity_unchecked", "engines matched by arrival at HELLO and registration",
            dp.HelloIdentityUnchecked),
-    Mutant("handshake_timeout_unnamed", "handshake timeout names no engine or stage",
-           dp.HandshakeTimeoutUnnamed),
     Mutant("ready_sync_only_with_dp", "a single engine's ready response not applied",
            dp.ReadySyncOnlyWithDp),
     Mutant("identities_from_zero", "engine identities 0..n-1, start index ignored",
@@ -565,25 +234,25 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "addresses", mc.InitWithoutCoordinator),
     # -- utility (cores in mutants_utility.py) --
     Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "
-           "by engine 0, not ANDed", BoolAnswersFromEngineZero),
+           "by engine 0, not ANDed", mu.BoolAnswersFromEngineZero),
     Mutant("utility_consensus_from_engine_zero", "is_scheduler_paused/get_weight_version "
-           "taken from engine 0 unchecked", ConsensusFromEngineZero),
+           "taken from engine 0 unchecked", mu.ConsensusFromEngineZero),
     Mutant("collective_rpc_engine_zero", "collective_rpc returns engine 0's results only",
-           CollectiveRpcEngineZero),
+           mu.CollectiveRpcEngineZero),
     Mutant("utility_results_arrival_order", "per-engine results in reply arrival order",
-           ResultsInArrivalOrder),
+           mu.ResultsInArrivalOrder),
     Mutant("utility_failure_ignored", "an engine's failure ignored when others answered",
-           FailureIgnoredWhenOthersAnswer),
+           mu.FailureIgnoredWhenOthersAnswer),
     Mutant("negative_call_id_fatal", "utility replies with call id -1/-2 kill the client",
-           NegativeCallIdFatal),
+           mu.NegativeCallIdFatal),
     Mutant("duplicate_request_id_sent", "a live duplicate client id is sent to the engine",
-           DuplicateIdNotChecked),
+           mu.DuplicateIdNotChecked),
     Mutant("request_id_never_reusable", "a finished request's client id is refused",
-           RequestIdNeverReusable),
+           mu.RequestIdNeverReusable),
     Mutant("pass_through_kv_only", "ec_transfer_params and cache_salt not forwarded",
-           PassThroughKvOnly),
+           mu.PassThroughKvOnly),
     Mutant("kv_params_falsy_dropped", "kv_transfer_params loses its false/empty values",
-           KvParamsFalsyDropped),
+           mu.KvParamsFalsyDropped),
     # -- inputs (cores in mutants_inputs.py) --
     Mutant("session_abort_owner_only", "a session's abort goes to its owner only",
            mi.SessionAbortOwnerOnly),
@@ -747,7 +416,7 @@ MUTANTS: dict[str, Mutant] = {mu.name: mu for mu in [
            "publication", ee.WavesCountedFromOne),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
-]}
+])
 
 
 # Cases that no mutant is expected to fail, with the reason (reported in the kill matrix).

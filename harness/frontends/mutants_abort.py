@@ -6,11 +6,13 @@ so that the abort cases of conformance/test_abort*.py prove they can fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from harness.frontends.driver import StreamHandle
-from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.frontends.reference.core import (
+    MAX_ABORT_BATCH,
+    ReferenceFrontendCore,
+    RequestState,
+    Send,
+)
+from harness.lifecycle import Event
 from harness.wire import messages as m
 
 SMALL_BATCH = 8
@@ -18,14 +20,20 @@ SMALL_BATCH = 8
 
 class AbortStopTokenFinished(ReferenceFrontendCore):
     """Treats an engine-side STOP (EOS / stop token) like a frontend stop string: owes an
-    ABORT for a request the engine already finished."""
+    ABORT for a request the engine already finished (one rule, at both places an engine's
+    finish lands: the end of a request, and a session's segment boundary)."""
 
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        state = self.requests.get(output.request_id)
-        super().on_request_output(output)
-        if state is not None and output.finish_reason is m.FinishReason.STOP:
-            self.stop_aborts[output.request_id] = state.rank
-            self.pending_drops.append(output.request_id)
+    def end_by_engine(self, state: RequestState, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is m.FinishReason.STOP:
+            self.end_at_stop(state, engine_finished=False)
+            return
+        super().end_by_engine(state, output)
+
+    def segment_continues(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
+        goes_on = super().segment_continues(state, output)
+        if goes_on and output.finish_reason is m.FinishReason.STOP:
+            self.queue_drop([state.request_id])
+        return goes_on
 
 
 class AbortUnstartedAtFirstEngine(ReferenceFrontendCore):
@@ -66,42 +74,67 @@ class AbortBatchLimitLosesIds(ReferenceFrontendCore):
 class AbortRerouted(ReferenceFrontendCore):
     """Sends a drop's ABORT to the engine the router would pick now, not to the owner."""
 
-    def drain_drops(self) -> list[Send]:
-        rerouted: dict[str, int] = {}
-        for rid in self.pending_drops:
-            state = self.requests.get(rid)
-            if state is not None:
-                rerouted[rid] = self.route(None)
-        sends = super().drain_drops()
-        per_engine: dict[int, list[str]] = {}
-        for rid, rank in rerouted.items():
-            per_engine.setdefault(rank, []).append(rid)
-        return super().abort_frames(per_engine) if rerouted else sends
+    def drain_ranks(self, rid: str) -> list[int]:
+        live = rid in self.requests
+        pick = self.route(None) if live else None  # picked while the request still counts
+        ranks = super().drain_ranks(rid)
+        return [pick] if pick is not None and ranks else ranks
 
 
 class ExplicitAbortUsesHistory(ReferenceFrontendCore):
-    """Explicit abort looks ids up in a history of every request ever sent, so finished,
+    """Explicit abort looks ids up in everything the frontend remembers, so finished,
     dropped and already-aborted ids are aborted (again)."""
 
-    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
-                    data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None, request_id: str | None = None,
-                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
-        handle, send = super().add_request(prompt, max_tokens,
-                                           data_parallel_rank=data_parallel_rank, stop=stop,
-                                           request_id=request_id, params=params)
-        rid = handle.request_id
-        if rid is not None:
-            self.__dict__.setdefault("history", {})[rid] = self.requests[rid].rank
-        return handle, send
+    def explicit_abort_ranks(self, rid: str) -> list[int]:
+        state = self.request(rid)
+        if state is not None and not state.phase.live:
+            return [state.rank]
+        return super().explicit_abort_ranks(rid)
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
-        self._check_alive()
-        history: dict[str, int] = self.__dict__.get("history", {})
-        per_engine: dict[int, list[str]] = {}
-        for rid in dict.fromkeys(request_ids):
-            if rid in history:
-                per_engine.setdefault(history[rid], []).append(rid)
-                if rid in self.requests:
-                    self._finish(rid, "abort")
-        return self.abort_frames(per_engine)
+
+# ----------------- abort routing and coalescing (the first mutants)
+
+
+class AbortWrongEngine(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        ranks = sorted(self.engines)
+        shifted = {ranks[(ranks.index(r) + 1) % len(ranks)]: ids for r, ids in per_engine.items()}
+        return super().abort_frames(shifted)
+
+
+class AbortOneFramePerId(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        return [(self.engines[r].identity, self.codec.encode_abort([rid]))
+                for r, ids in sorted(per_engine.items()) for rid in ids]
+
+
+class AbortFinishedIds(ReferenceFrontendCore):
+    """Remembers ended requests (engine death included) and still aborts them when their
+    stream is dropped, in a frame of their own after the drain pass's."""
+
+    def drain_drops(self) -> list[Send]:
+        late: dict[int, list[str]] = {}
+        for rid in self.pending_drops[:MAX_ABORT_BATCH]:
+            state = self.request(rid)
+            if state is not None and not state.phase.live:
+                late.setdefault(state.rank, []).append(rid)
+        return super().drain_drops() + self.abort_frames(late)
+
+
+class EmptyAbortFrame(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        sends = super().abort_frames(per_engine)
+        return sends or [(self.engines[min(self.engines)].identity, self.codec.encode_abort([]))]
+
+
+class DuplicateAbort(ReferenceFrontendCore):
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+        sends = super().abort_frames(per_engine)
+        return sends + sends
+
+
+class StopStringNotAborted(ReferenceFrontendCore):
+    """A stop-string match ends the stream as if the engine had finished it: no ABORT."""
+
+    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
+        self._finish(state.request_id, Event.FINAL_OUTPUT, "stop")

@@ -5,11 +5,12 @@ cached once). Registered in `mutants.py`'s dp section.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.frontends.driver import FrontendError, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
+from harness.lifecycle import Event
 from harness.transport.sockets import engine_identity
 from harness.wire import messages as m
 
@@ -73,9 +74,10 @@ class PinnedNotCounted(ReferenceFrontendCore):
             self.__dict__.setdefault("pinned", set()).add(handle.request_id)
         return handle, send
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         state = self.requests.get(rid)
-        super()._finish(rid, reason, error)
+        super()._finish(rid, event, reason, error)
         if state is not None and rid in self.__dict__.get("pinned", set()):
             self.engines[state.rank].inflight += 1  # it was never counted
 
@@ -83,9 +85,10 @@ class PinnedNotCounted(ReferenceFrontendCore):
 class InflightNeverReleased(ReferenceFrontendCore):
     """The in-flight count is bumped on ADD but never released when a request ends."""
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         state = self.requests.get(rid)
-        super()._finish(rid, reason, error)
+        super()._finish(rid, event, reason, error)
         if state is not None:
             self.engines[state.rank].inflight += 1
 
@@ -201,13 +204,6 @@ class HelloIdentityUnchecked(IdentityByArrival):
         return super()._handshake_engine(alias, stage)
 
 
-class HandshakeTimeoutUnnamed(ReferenceFrontendCore):
-    """A handshake timeout says only that startup timed out."""
-
-    def handshake_timeout(self, timeout: float) -> StartupError:
-        return StartupError(f"engine startup timed out after {timeout:.1f}s")
-
-
 class ReadySyncOnlyWithDp(ReferenceFrontendCore):
     """Ready responses are aggregated only for DP > 1; a single engine's is never applied."""
 
@@ -254,3 +250,94 @@ class ServesWithHelloQuorum(ReferenceFrontendCore):
         if not self.hello_seen:
             return super().registered
         return all(self.engines[r].registered for r in self.hello_seen)
+
+
+# ----------------- ready sync, routing and startup (the first mutants)
+
+
+class BlockSizeIgnored(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.block_size = 16  # the frontend's own default, not the engine's
+
+
+class BlockSizeLastWins(ReferenceFrontendCore):
+    def check_block_sizes(self) -> None:
+        pass
+
+
+class MaxModelLenMax(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        previous = self.config.max_model_len
+        super().apply_ready(rank, ready)
+        self.config.max_model_len = max(previous or 0, ready.max_model_len)
+
+
+class GpuBlocksLastWins(ReferenceFrontendCore):
+    def apply_ready(self, rank: int, ready: m.EngineCoreReadyResponse) -> None:
+        super().apply_ready(rank, ready)
+        self.config.num_gpu_blocks = ready.num_gpu_blocks
+
+
+class ExplicitRankIgnored(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return super().route(None)
+
+
+class AllToFirstEngine(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return min(self.engines) if data_parallel_rank is None else data_parallel_rank
+
+
+class EngineOneUnreachable(ReferenceFrontendCore):
+    """Maps every engine's requests to the first engine's identity."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
+        handle, (_identity, frames) = super().add_request(
+            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
+            request_id=request_id, params=params)
+        return handle, (self.engines[min(self.engines)].identity, frames)
+
+
+class ServesWithMissingEngines(ReferenceFrontendCore):
+    @property
+    def registered(self) -> bool:
+        return any(e.registered for e in self.engines.values())
+
+
+class ReadyForbidsUnknownKeys(ReferenceFrontendCore):
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        import msgspec
+
+        known = set(m.EngineCoreReadyResponse.__struct_fields__)
+        try:
+            keys = set(msgspec.msgpack.decode(payload)) if payload else set()
+        except Exception:
+            keys = set()
+        if keys - known:
+            raise StartupError(f"unknown ready keys {sorted(keys - known)}")
+        super().on_ready(identity, payload)
+
+
+class StartupErrorUnnamed(ReferenceFrontendCore):
+    def registration_timeout(self, timeout: float) -> StartupError:
+        return StartupError("timed out waiting for engines to start")
+
+
+class StartupAcceptsAnything(ReferenceFrontendCore):
+    """A ready frame it cannot use is accepted anyway (the engine counts as registered);
+    one from an unknown identity is ignored instead of refused."""
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        engine = self._by_identity.get(bytes(identity))
+        if engine is None:
+            return
+        try:
+            super().on_ready(identity, payload)
+        except StartupError:
+            if engine.registered:
+                raise  # refused after registration (a block_size disagreement): as before
+            engine.registered = True

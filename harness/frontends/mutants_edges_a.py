@@ -18,6 +18,7 @@ from harness.frontends.reference.core import (
     UtilityFailed,
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
+from harness.lifecycle import Event
 from harness.wire import ProtocolError
 from harness.wire import messages as m
 
@@ -234,5 +235,5 @@ class DeathErrorTextDropped(ReferenceFrontendCore):
     def mark_dead(self, reason: str) -> None:
         if self.dead is None:
             for rid in list(self.requests):
-                self._finish(rid, "error")
+                self._finish(rid, Event.ENGINE_DEAD, "error")
         super().mark_dead(reason)

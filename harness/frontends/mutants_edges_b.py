@@ -4,13 +4,14 @@ lists, session ADDs): one realistic port bug each, mirroring a mutmut survivor's
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
+
+import msgspec
 
 from harness.frontends.driver import StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
 from harness.frontends.reference.sessions import SessionState
-from harness.vocab import EOS_TOKEN_ID, detokenize
+from harness.lifecycle import Event
 from harness.wire import messages as m
 
 # ----------------------------------------------------------------- stop-string edges
@@ -40,24 +41,8 @@ class StopBufferOneShort(ReferenceFrontendCore):
 
     hold_back_extra = -1
 
-    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
-        handle = state.handle
-        keep = max(0, max(len(s) for s in state.stop) - 1 + self.hold_back_extra)
-        tokens = output.new_token_ids
-        for i, token in enumerate(tokens):
-            state.held_text += detokenize([token])
-            pos = self.stop_position(state)
-            if pos >= 0:
-                text = (handle.text + state.held_text)[len(handle.text):pos]
-                state.held_text = ""
-                handle.add_tokens([token], text)
-                self.end_at_stop(state, engine_finished=output.finished)
-                return True
-            last = output.finished and i == len(tokens) - 1
-            cut = len(state.held_text) if last else max(0, len(state.held_text) - keep)
-            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
-            handle.add_tokens([token], text)
-        return False
+    def hold_back(self, state: RequestState) -> int:
+        return max(0, super().hold_back(state) + self.hold_back_extra)
 
 
 class StopBufferOneLong(StopBufferOneShort):
@@ -70,23 +55,8 @@ class FinalChunkReleasedAtFirstToken(ReferenceFrontendCore):
     """On the engine's final output, releases all held text at the chunk's FIRST token (a
     port that checks `output.finished` instead of 'last token of the final output')."""
 
-    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
-        handle = state.handle
-        keep = max(len(s) for s in state.stop) - 1
-        for token in output.new_token_ids:
-            state.held_text += detokenize([token])
-            pos = self.stop_position(state)
-            if pos >= 0:
-                text = (handle.text + state.held_text)[len(handle.text):pos]
-                state.held_text = ""
-                handle.add_tokens([token], text)
-                self.end_at_stop(state, engine_finished=output.finished)
-                return True
-            cut = len(state.held_text) if output.finished else max(
-                0, len(state.held_text) - keep)
-            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
-            handle.add_tokens([token], text)
-        return False
+    def releases_held_text(self, output: m.EngineCoreOutput, index: int) -> bool:
+        return output.finished
 
 
 class UnmatchedFinalOutputSwallowed(ReferenceFrontendCore):
@@ -102,11 +72,8 @@ class RetiredStreamClosedSilently(ReferenceFrontendCore):
     """A request retired by finished_requests without a final output ends with no reason
     and no error: the client cannot tell it from a clean end."""
 
-    def on_finished_requests(self, request_ids: Iterable[str]) -> None:
-        for rid in request_ids:
-            self.stop_aborts.pop(rid, None)
-            if self.retired_by_engine(rid):
-                self._finish(rid, None)
+    def retired_without_output(self, rid: str) -> None:
+        self._finish(rid, Event.FINAL_OUTPUT, None)
 
 
 # ----------------------------------------------------------------- explicit abort lists
@@ -130,31 +97,26 @@ class AbortListForwardedWhole(ReferenceFrontendCore):
     """Forwards the ids it does not know along with the live ones, to the engine owning
     the first live id (a port that filters only for routing, not for the frame)."""
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
-        self._check_alive()
-        ids = list(dict.fromkeys(request_ids))
-        live = [rid for rid in ids if rid in self.requests]
-        if not live:
-            return []
-        first_rank = self.requests[live[0]].rank
-        per_engine: dict[int, list[str]] = {}
-        for rid in live:
-            for rank in self.abort_ranks(self.requests[rid]):
-                per_engine.setdefault(rank, []).append(rid)
-            self._finish(rid, "abort")
-        per_engine.setdefault(first_rank, []).extend(r for r in ids if r not in live)
-        return self.abort_frames(per_engine)
+    def explicit_abort_batch(self, request_ids: Sequence[str]) -> dict[int, list[str]]:
+        live = [rid for rid in request_ids if rid in self.requests]
+        first_rank = self.requests[live[0]].rank if live else None
+        per_engine = super().explicit_abort_batch(request_ids)
+        if first_rank is not None:
+            per_engine.setdefault(first_rank, []).extend(
+                rid for rid in request_ids if rid not in live)
+        return per_engine
 
 
 class ExplicitAbortEndsWithoutReason(ReferenceFrontendCore):
     """Ends explicitly aborted streams with no finish reason (the port treats the abort as
     'the client knows already')."""
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         state = self.requests.get(rid)
         if reason == "abort" and state is not None and not state.handle.dropped:
             reason = None
-        super()._finish(rid, reason, error)
+        super()._finish(rid, event, reason, error)
 
 
 # ----------------------------------------------------------------- session ADDs
@@ -187,30 +149,17 @@ class ContinuationDefaultSampling(ReferenceFrontendCore):
     """Continuations are built with a fresh SamplingParams carrying only max_tokens: the
     session's temperature and EOS/stop token ids are lost after the first segment."""
 
-    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
-        state = self.requests[rid]
-        request = m.EngineCoreRequest(
-            rid, list(prompt), None, m.SamplingParams(max_tokens=max_tokens), None,
-            time.time(), None, None, None, client_index=self.client_index,
-            current_wave=self.current_wave, resumable=resumable, external_req_id=rid)
-        return self.engines[state.rank].identity, self.codec.encode_add(request)
+    def session_sampling(self, max_tokens: int) -> m.SamplingParams:
+        return m.SamplingParams(max_tokens=max_tokens)
 
 
 class ContinuationWithoutExternalId(ReferenceFrontendCore):
     """Continuations leave external_req_id unset (only the first ADD names it)."""
 
-    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
-        state = self.requests[rid]
-        sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                    _eos_token_id=EOS_TOKEN_ID,
-                                    _all_stop_token_ids={EOS_TOKEN_ID})
-        request = m.EngineCoreRequest(
-            rid, list(prompt), None, sampling, None, time.time(), None, None, None,
-            client_index=self.client_index, current_wave=self.current_wave,
-            resumable=resumable)
-        return self.engines[state.rank].identity, self.codec.encode_add(request)
+    def session_request(self, rid: str, prompt: Sequence[int], sampling: m.SamplingParams,
+                        *, resumable: bool) -> m.EngineCoreRequest:
+        request = super().session_request(rid, prompt, sampling, resumable=resumable)
+        return msgspec.structs.replace(request, external_req_id=None)
 
 
 class ContinuationWaveUnstamped(ReferenceFrontendCore):
@@ -274,28 +223,12 @@ class ContinuationOfAnyLiveRequest(ReferenceFrontendCore):
 
 
 class EndedSessionStillContinuable(ReferenceFrontendCore):
-    """Keeps its own table of sessions that is never cleaned when a session's stream ends:
-    a continuation of an ended session is sent to the engine it lived on."""
-
-    def open_session(self, prompt: Sequence[int], max_tokens: int, *,
-                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
-        handle, send = super().open_session(prompt, max_tokens,
-                                            data_parallel_rank=data_parallel_rank)
-        assert handle.request_id is not None
-        self.__dict__.setdefault("_session_ranks", {})[handle.request_id] = \
-            self.requests[handle.request_id].rank
-        return handle, send
+    """Looks sessions up among ended requests too: a continuation of an ended session is
+    sent to the engine it lived on."""
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
                          ) -> list[Send]:
-        ranks: dict[str, int] = self.__dict__.get("_session_ranks", {})
-        if rid not in self.requests and rid in ranks:
-            sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                        _eos_token_id=EOS_TOKEN_ID,
-                                        _all_stop_token_ids={EOS_TOKEN_ID})
-            request = m.EngineCoreRequest(
-                rid, list(prompt), None, sampling, None, time.time(), None, None, None,
-                client_index=self.client_index, current_wave=self.current_wave,
-                resumable=True, external_req_id=rid)
-            return [(self.engines[ranks[rid]].identity, self.codec.encode_add(request))]
+        ended = self.request(rid)
+        if rid not in self.requests and ended is not None and ended.session is not None:
+            return [self.session_add(rid, prompt, max_tokens, resumable=True)]
         return super().continue_session(rid, prompt, max_tokens)

@@ -18,6 +18,7 @@ from harness.frontends.reference.core import (
     RequestState,
     Send,
 )
+from harness.lifecycle import Event
 from harness.wire import ProtocolError
 from harness.wire import messages as m
 from harness.wire.codec import AddRequest
@@ -99,9 +100,10 @@ class InflightResetWhenOneEnds(ReferenceFrontendCore):
     """The engine's in-flight count is reset to zero whenever one of its requests ends
     (a busy flag, not a count): its other running requests stop counting for routing."""
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         state = self.requests.get(rid)
-        super()._finish(rid, reason, error)
+        super()._finish(rid, event, reason, error)
         if state is not None:
             self.engines[state.rank].inflight = 0
 
@@ -188,11 +190,12 @@ class HeldTextLostAtFinish(ReferenceFrontendCore):
     """Text held back for a stop string is discarded when the stream ends any other way
     than through a token (an engine ABORT or ERROR without tokens, an abort)."""
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         state = self.requests.get(rid)
         if state is not None:
             state.held_text = ""
-        super()._finish(rid, reason, error)
+        super()._finish(rid, event, reason, error)
 
 
 

@@ -19,6 +19,7 @@ from harness.frontends.reference.core import (
 )
 from harness.frontends.reference.sessions import SessionError, SessionState
 from harness.timing import scaled
+from harness.wire import WireCodec
 
 # ----------------------------------------------------------------- after a failure
 
@@ -79,8 +80,8 @@ class ReadyBoundHardCoded(ReferenceFrontendCore):
 
     HARD_BOUND = 4.5
 
-    def __init__(self, ranks: Sequence[int]) -> None:
-        super().__init__(ranks)
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
+        super().__init__(ranks, codec=codec)
         self.created = time.monotonic()
 
     def on_ready(self, identity: bytes, payload: bytes) -> None:
@@ -111,8 +112,8 @@ class WavesCountedFromOne(ReferenceFrontendCore):
     """Numbers DP waves from 1: before any coordinator publication (one engine: never)
     every ADD carries current_wave 1 instead of the first wave, 0."""
 
-    def __init__(self, ranks: Sequence[int]) -> None:
-        super().__init__(ranks)
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
+        super().__init__(ranks, codec=codec)
         self.current_wave = 1
 
 

@@ -14,7 +14,8 @@ import msgspec
 
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
 from harness.frontends.reference.sessions import CLOSING_PROMPT
-from harness.wire import VLLM_0_33, WireCodec
+from harness.lifecycle import Event
+from harness.wire import WireCodec
 from harness.wire import messages as m
 from harness.wire.codec import AddRequest
 
@@ -77,26 +78,27 @@ class CloseEndsAtOnce(ReferenceFrontendCore):
     def close_session(self, rid: str) -> list[Send]:
         sends = super().close_session(rid)
         if rid in self.requests:
-            self._finish(rid, "stop")
+            self._finish(rid, Event.FINAL_OUTPUT, "stop")
         return sends
 
 
-def _codec_with_threshold(threshold: int) -> WireCodec:
-    return WireCodec(dataclasses.replace(VLLM_0_33, zero_copy_threshold=threshold))
+def _codec_with_threshold(codec: WireCodec, threshold: int) -> WireCodec:
+    """The driver's codec with another zero-copy threshold (the one rule these break)."""
+    return WireCodec(dataclasses.replace(codec.profile, zero_copy_threshold=threshold))
 
 
 class TensorsInline(ReferenceFrontendCore):
     """No aux frames on the way in: every tensor is inlined as ext(3), however large."""
 
-    def __init__(self, ranks: Sequence[int]) -> None:
-        super().__init__(ranks, codec=_codec_with_threshold(1 << 40))
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
+        super().__init__(ranks, codec=_codec_with_threshold(codec, 1 << 40))
 
 
 class TensorsAlwaysAux(ReferenceFrontendCore):
     """Every tensor goes out as an aux frame, even below the zero-copy threshold."""
 
-    def __init__(self, ranks: Sequence[int]) -> None:
-        super().__init__(ranks, codec=_codec_with_threshold(0))
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
+        super().__init__(ranks, codec=_codec_with_threshold(codec, 0))
 
 
 class SessionDropLeftToEngine(ReferenceFrontendCore):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, RequestState
+from harness.lifecycle import Event
 from harness.wire import ProtocolError
 from harness.wire import messages as m
 
@@ -156,15 +157,11 @@ class UnknownIdEndsBatch(ReferenceFrontendCore):
 class LateOutputsAppended(ReferenceFrontendCore):
     """Keeps ended streams routable: tokens of a repeated final output are appended again."""
 
-    def on_request_output(self, output: m.EngineCoreOutput) -> None:
-        ended: dict[str, RequestState] = self.__dict__.setdefault("ended", {})
-        state = self.requests.get(output.request_id)
-        if state is None and output.request_id in ended:
-            ended[output.request_id].handle.tokens.extend(output.new_token_ids)
-            return
-        super().on_request_output(output)
-        if state is not None and output.request_id not in self.requests:
-            ended[output.request_id] = state
+    def on_ended_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.request(output.request_id)
+        if state is not None:
+            state.handle.tokens.extend(output.new_token_ids)
+        super().on_ended_output(output)
 
 
 class EmptyOutputsSkipped(ReferenceFrontendCore):
@@ -228,7 +225,7 @@ class ProtocolErrorNotSticky(ReferenceFrontendCore):
             self.codec.decode_outputs(frames)
         except ProtocolError as exc:
             for rid in list(self.requests):
-                self._finish(rid, "error", f"protocol error: {exc}")
+                self._finish(rid, Event.ENGINE_DEAD, "error", f"protocol error: {exc}")
             return []
         return super().on_output(frames)
 
@@ -250,3 +247,96 @@ class DeathNotRecorded(ReferenceFrontendCore):
     def mark_dead(self, reason: str) -> None:
         super().mark_dead(reason)
         self.dead = None
+
+
+# ----------------- outputs and death (the first mutants)
+
+
+class EngineDeadIgnored(ReferenceFrontendCore):
+    def mark_dead(self, reason: str) -> None:
+        pass
+
+
+class ErrorKillsAllStreams(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is m.FinishReason.ERROR:
+            for rid in list(self.requests):
+                self._finish(rid, Event.FINAL_OUTPUT, "error", "request failed")
+            return
+        super().on_request_output(output)
+
+
+class UnknownOutputFatal(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.request_id not in self.requests:
+            self.mark_dead(f"output for unknown request {output.request_id}")
+            return
+        super().on_request_output(output)
+
+
+class TokensReordered(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        output.new_token_ids.reverse()
+        super().on_request_output(output)
+
+
+class FinishReasonsConflated(ReferenceFrontendCore):
+    """Reports every non-error finish as 'length'."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is not None and output.finish_reason is not m.FinishReason.ERROR:
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class ErrorAfterTokensIsSuccess(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        if (state is not None and state.handle.tokens
+                and output.finish_reason is m.FinishReason.ERROR):
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class FirstOutputOnly(ReferenceFrontendCore):
+    """Reads only the first request output of each engine message."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        message = self.codec.decode_outputs(frames)
+        if isinstance(message, m.EngineCoreOutputs) and len(message.outputs) > 1:
+            message.outputs = message.outputs[:1]
+            frames = self.codec.encode_outputs(message)
+        return super().on_output(frames)
+
+
+class EmptyDeltaFinishes(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if not output.new_token_ids and output.finish_reason is None:
+            output.finish_reason = m.FinishReason.LENGTH
+        super().on_request_output(output)
+
+
+class LengthReportedAsStop(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.finish_reason is m.FinishReason.LENGTH:
+            output.finish_reason = m.FinishReason.STOP
+        super().on_request_output(output)
+
+
+class NoText(ReferenceFrontendCore):
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        state = self.requests.get(output.request_id)
+        super().on_request_output(output)
+        if state is not None:
+            state.handle.text = ""
+
+
+class SchedulerStatsFatal(ReferenceFrontendCore):
+    """Chokes on scheduler stats (e.g. a strict decoder without the stats schema)."""
+
+    def on_output(self, frames: Sequence[bytes]) -> list[PendingUtility]:
+        message = self.codec.decode_outputs(frames)
+        if isinstance(message, m.EngineCoreOutputs) and message.scheduler_stats is not None:
+            self.mark_dead("unexpected scheduler_stats")
+            return []
+        return super().on_output(frames)

@@ -4,13 +4,14 @@ mutants.py's utility section). Each overrides one rule the way a port author get
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.frontends.reference.core import (
     DuplicateRequestId,
     PendingUtility,
     ReferenceFrontendCore,
+    Send,
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
 from harness.wire import messages as m
@@ -111,3 +112,96 @@ class KvParamsFalsyDropped(ReferenceFrontendCore):
             extra["kv_transfer_params"] = {k: v for k, v in
                                            extra["kv_transfer_params"].items() if v}
         return extra, salt
+
+
+# ----------------- utility aggregation and pairing (the first mutants)
+
+
+class SleepingFirstEngine(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        return bool(values[0])
+
+
+class ResetPrefixCacheOr(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return any(bool(v) for v in values)
+
+
+class UtilityFirstReplyWins(ReferenceFrontendCore):
+    """Pairs results by arrival instead of by call id: the first reply answers for all."""
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        call = self.utilities.get(out.call_id)
+        done = super().on_utility_output(engine_index, out)
+        if call is None or done is not None:
+            return done
+        value = out.result.value if out.result is not None else None
+        for rank in call.call_ids.values():
+            call.results.setdefault(rank, value)
+        self.forget_utility(call)
+        return call
+
+
+class SleepingAlwaysFalse(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        super().aggregate_is_sleeping(values)
+        return False
+
+
+class SleepingAlwaysTrue(ReferenceFrontendCore):
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        super().aggregate_is_sleeping(values)
+        return True
+
+
+class ResetAlwaysTrue(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return True
+
+
+class ResetAlwaysFalse(ReferenceFrontendCore):
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        return False
+
+
+class UtilityEngineZeroOnly(ReferenceFrontendCore):
+    """Sends utilities to the first engine only (what vLLM's offline SyncMPClient does)."""
+
+    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
+                                                                       list[Send]]:
+        call, sends = super().start_utility(method, args)
+        first = min(call.call_ids, key=lambda cid: call.call_ids[cid])
+        for cid in [c for c in call.call_ids if c != first]:
+            del call.call_ids[cid]
+            self.utilities.pop(cid, None)
+        return call, sends[:1]
+
+
+class UnsolicitedReplyFatal(ReferenceFrontendCore):
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        if out.call_id not in self.utilities:
+            self.mark_dead(f"reply to unknown utility call {out.call_id}")
+            return None
+        return super().on_utility_output(engine_index, out)
+
+
+class UtilityReplyToLatestCall(ReferenceFrontendCore):
+    """Hands every reply to the most recently started call of that engine."""
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        owner = self.utilities.get(out.call_id)
+        if owner is not None:
+            rank = owner.call_ids[out.call_id]
+            latest = max(cid for cid, call in self.utilities.items()
+                         if call.call_ids.get(cid) == rank)
+            out = m.UtilityOutput(latest, out.failure_message, out.result)
+        return super().on_utility_output(engine_index, out)
+
+
+class UtilityExtraArg(ReferenceFrontendCore):
+    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
+                                                                       list[Send]]:
+        return super().start_utility(method, [*args, self.client_index])

@@ -46,6 +46,7 @@ from harness.stateful.settings import stateful_timescale, stop_strings_enabled
 from harness.stateful.worlds import TRANSPORTS, SansIOWorld, World, make_world
 from harness.timing import Timescale
 from harness.vocab import token_text
+from harness.wire import VLLM_0_33, codec_for
 from harness.wire import messages as m
 from mock_engines.script import EngineScript, Step, UtilityReply, default_ready, default_steps
 from mock_engines.transcript import Record
@@ -55,6 +56,7 @@ RULES = ("init", "generate", "drop", "abort", "engine_finish", "kill_engine", "u
 # Engines with log_stats=True are drawn too (the busy-deadline bug this machine found in
 # MockEngineCore is fixed and pinned by tests/test_stateful.py).
 DRAW_LOG_STATS = True
+PROFILE = VLLM_0_33  # the protocol the machine's worlds speak (frontend core, engines, model)
 
 
 def _has_world(self: FrontendMachine) -> bool:
@@ -166,7 +168,7 @@ class FrontendMachine(RuleBasedStateMachine):
                  log_stats: bool = False) -> None:
         rank_list = list(range(ranks))
         ready = ready or [[1024, 1000] for _ in rank_list]
-        self.model = model = WireModel(rank_list)
+        self.model = model = WireModel(rank_list, codec=codec_for(PROFILE))
         scripts = [EngineScript(ready=default_ready(r, ranks, max_model_len=mml,
                                                     num_gpu_blocks=blocks,
                                                     block_size=block_size,

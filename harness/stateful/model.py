@@ -19,7 +19,7 @@ from harness.lifecycle import Event, Phase, next_phase
 from harness.stateful.invariants import InvariantViolation
 from harness.transport.sockets import engine_identity
 from harness.vocab import detokenize
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest, EngineDead, ProtocolError
+from harness.wire import AbortRequests, AddRequest, EngineDead, ProtocolError, WireCodec
 
 
 @dataclass(eq=False)
@@ -83,10 +83,15 @@ def extend_until_stop(target: RequestModel, tokens: Sequence[int]) -> bool:
 
 
 class WireModel:
-    """Expected state of every stream and every ABORT, fed by the core probe's events."""
+    """Expected state of every stream and every ABORT, fed by the core probe's events.
 
-    def __init__(self, ranks: Sequence[int]) -> None:
+    `codec`: its world's (the frontend core and the engines speak it; the model decodes
+    what crossed the wire with it).
+    """
+
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
         self.ranks = list(ranks)
+        self.codec = codec
         self.identities = {engine_identity(r): r for r in self.ranks}
         self.requests: dict[str, RequestModel] = {}
         self.order: list[RequestModel] = []
@@ -180,7 +185,7 @@ class WireModel:
         self.delivered += 1
         if self.fe_dead:
             return
-        message = DEFAULT_CODEC.decode_outputs(frames)  # our engines only send valid frames
+        message = self.codec.decode_outputs(frames)  # our engines only send valid frames
         if isinstance(message, EngineDead):
             self.fe_dead = True
             for rec in self.order:
@@ -219,7 +224,7 @@ class WireModel:
             self.fail("fail_fast_after_death", f"{context} sent a frame to engine {rank} "
                       "after ENGINE_CORE_DEAD reached the frontend")
         try:
-            return rank, DEFAULT_CODEC.decode_engine_input(frames)
+            return rank, self.codec.decode_engine_input(frames)
         except ProtocolError as exc:
             self.fail("valid_frames", f"{context} sent an undecodable frame: {exc}")
             return rank, None

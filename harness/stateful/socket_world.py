@@ -44,13 +44,15 @@ class SocketWorld:
         self.loop = asyncio.new_event_loop()
         try:
             self.frontend = ReferenceFrontend(
-                self.ranks, core_factory=lambda rs: probe_core(core_factory(rs), model),
+                self.ranks, codec=model.codec,
+                core_factory=lambda rs, *, codec: probe_core(core_factory(rs, codec=codec),
+                                                             model),
                 utility_timeout=timescale.scaled(2.0), timescale=timescale)
         except BaseException:
             self.loop.close()
             raise
         self.core = self.frontend.core
-        self.group = EngineGroup(list(scripts))
+        self.group = EngineGroup(list(scripts), codec=model.codec)
         self.ipc = PrivateIpcDir()
         inputs, outputs = self.ipc.address("in"), self.ipc.address("out")
         try:

@@ -104,9 +104,9 @@ class SansIOWorld:
                  scripts: Sequence[EngineScript]) -> None:
         self.now = 0.0
         self.ranks = list(ranks)
-        self.engines = {r: MockEngineCore(r, s, dp_size=len(self.ranks))
+        self.engines = {r: MockEngineCore(r, s, codec=model.codec, dp_size=len(self.ranks))
                         for r, s in zip(self.ranks, scripts, strict=True)}
-        self.core = probe_core(core_factory(self.ranks), model)
+        self.core = probe_core(core_factory(self.ranks, codec=model.codec), model)
         self._by_identity = {engine_identity(r): r for r in self.ranks}
         self.to_engine: dict[int, collections.deque[list[bytes]]] = {
             r: collections.deque() for r in self.ranks}

@@ -27,7 +27,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.wire import DEFAULT_CODEC, ProtocolError, WireCodec
+from harness.wire import ProtocolError, WireCodec
 from harness.wire import messages as m
 
 READY = b"READY"
@@ -104,7 +104,7 @@ class CoordinatorCore:
 
     transitions: tuple[Transition, ...] = TRANSITIONS
 
-    def __init__(self, engine_count: int, *, codec: WireCodec = DEFAULT_CODEC) -> None:
+    def __init__(self, engine_count: int, *, codec: WireCodec) -> None:
         self.engine_count = engine_count
         self.codec = codec
         self.state = WaveState()

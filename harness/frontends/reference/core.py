@@ -3,6 +3,16 @@
 It is correct by construction and deliberately explicit: each rule the conformance suites
 check is one small method (routing, ready aggregation, abort batching, utility
 aggregation, death handling), so a mutant frontend overrides exactly one of them.
+
+Every request carries a `Phase` of the lifecycle table (harness/lifecycle.py, the frontend
+role), and `_advance` is the one place a phase changes: `requests` (the live ones),
+`stopped` (ended at a stop string, ABORT owed) and `ended` (terminal, the newest MAX_ENDED)
+are indexes `_advance` keeps in step with the phases, and the drain queue `pending_drops`
+is only an order of ids to look at; what a drain pass or an
+explicit abort does with an id is its phase's business. The events engines cause (OUTPUT,
+STOP_MATCHED, FINAL_OUTPUT, ENGINE_DEAD) are legal in every phase, so nothing an engine
+sends can be an illegal transition; ABORT and DRAIN come from this core alone, and one the
+table refuses is a bug of ours (`LifecycleError`).
 """
 
 from __future__ import annotations
@@ -10,9 +20,10 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from harness.frontends.driver import (
     FrontendError,
@@ -24,29 +35,31 @@ from harness.frontends.driver import (
 from harness.frontends.reference.coordinator import CoordinatorCore
 from harness.frontends.reference.sessions import SessionRules, SessionState
 from harness.frontends.reference.utilities import (
-    DEFAULT_AGGREGATION,
-    UTILITY_AGGREGATION,
-    Aggregation,
+    InconsistentResults,
+    PendingUtility,
+    UtilityFailed,
+    UtilityRules,
 )
+from harness.lifecycle import Event, Phase, next_phase
 from harness.transport.sockets import engine_identity
 from harness.vocab import EOS_TOKEN_ID, detokenize
-from harness.wire import DEFAULT_CODEC, EngineDead, ProtocolError, WireCodec
+from harness.wire import EngineDead, ProtocolError, WireCodec
 from harness.wire import messages as m
 
 MAX_ABORT_BATCH = 1024  # ids per drain pass, as vLLM's Rust client does
+# Terminal requests remembered (newest last), so a late drop, abort or output of one is a
+# lookup in the lifecycle table; one still owed an ABORT is in `stopped`, never forgotten.
+MAX_ENDED = 4096
 Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
+T = TypeVar("T")
+
+__all__ = ["MAX_ABORT_BATCH", "MAX_ENDED", "DuplicateRequestId", "EngineDeadError",
+           "EngineState", "InconsistentResults", "PendingUtility", "ReferenceFrontendCore",
+           "RequestState", "Send", "UtilityFailed"]
 
 
 class EngineDeadError(FrontendError):
     """An engine reported ENGINE_CORE_DEAD, broke the protocol, or went away."""
-
-
-class InconsistentResults(FrontendError):
-    """Engines answered a consensus utility differently; the message names the values."""
-
-
-class UtilityFailed(FrontendError):
-    """An engine answered a utility call with a failure message."""
 
 
 class DuplicateRequestId(FrontendError):
@@ -73,33 +86,20 @@ class RequestState:
     # start of a stop string (vLLM's stop buffer), so no client ever sees a stop string.
     held_text: str = ""
     session: SessionState | None = None  # a streaming-input (resumable) request
+    phase: Phase = Phase.OPEN  # the truth about the request; moved by the core's _advance
 
 
-@dataclass
-class PendingUtility:
-    """One fanned-out utility call: a call id per engine, results in engine order."""
+class ReferenceFrontendCore(SessionRules, UtilityRules):
+    """Frontend role for one client (client_index) over N engines (DP ranks).
 
-    method: str
-    call_ids: dict[int, int]  # call_id -> rank
-    results: dict[int, Any] = field(default_factory=dict)  # rank -> value
-    failures: dict[int, str] = field(default_factory=dict)  # rank -> failure message
-
-    @property
-    def complete(self) -> bool:
-        return len(self.results) + len(self.failures) == len(self.call_ids)
-
-    def missing_ranks(self) -> list[int]:
-        answered = set(self.results) | set(self.failures)
-        return sorted(r for r in self.call_ids.values() if r not in answered)
-
-
-class ReferenceFrontendCore(SessionRules):
-    """Frontend role for one client (client_index) over N engines (DP ranks)."""
+    `codec` is the protocol profile's codec the driver was built for (no default: the
+    profile is the driver's decision, never a global one).
+    """
 
     # The state machine of the DP coordinator the frontend owns in handshake mode.
     coordinator_class: type[CoordinatorCore] = CoordinatorCore
 
-    def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec,
                  client_index: int = 0) -> None:
         if not ranks:
             raise ValueError("a frontend needs at least one engine")
@@ -108,7 +108,11 @@ class ReferenceFrontendCore(SessionRules):
         self.engines = {r: EngineState(r, engine_identity(r)) for r in ranks}
         self._by_identity = {e.identity: e for e in self.engines.values()}
         self.config = ObservedConfig()
+        # Indexes of the phases, kept by _advance: the LIVE requests, those ended at a stop
+        # string with an ABORT still owed (STOP_PENDING), and the terminal ones (bounded).
         self.requests: dict[str, RequestState] = {}
+        self.stopped: dict[str, RequestState] = {}
+        self.ended: OrderedDict[str, RequestState] = OrderedDict()
         self.utilities: dict[int, PendingUtility] = {}  # call_id -> call
         self.dead: EngineDeadError | None = None
         self._rotation = itertools.cycle(sorted(ranks))
@@ -116,8 +120,7 @@ class ReferenceFrontendCore(SessionRules):
         self._session = uuid.uuid4().hex[:8]
         self._call_ids = itertools.count(1)
         self._block_sizes: dict[int, int] = {}
-        self.pending_drops: list[str] = []  # ids waiting for the abort drain loop
-        self.stop_aborts: dict[str, int] = {}  # ended by a stop string -> owning rank
+        self.pending_drops: list[str] = []  # the drain queue: ids, in order, any phase
         self.current_wave = 0  # the DP coordinator's latest wave, stamped on every ADD
         # Handshake mode with an owned DP coordinator: its (input, output) addresses for INIT.
         self.coordinator_addresses: tuple[str, str] | None = None
@@ -135,19 +138,30 @@ class ReferenceFrontendCore(SessionRules):
         missing = [r for r, e in sorted(self.engines.items()) if not e.registered]
         return StartupError(f"engines {missing} did not register within {timeout:.1f}s")
 
-    def on_ready(self, identity: bytes, payload: bytes) -> None:
-        """Apply one engine's ready frame; raises StartupError on anything unacceptable."""
+    def _known_engine(self, identity: bytes, stage: str) -> EngineState:
+        """The engine of `identity`, or StartupError naming the identity and the stage."""
         engine = self._by_identity.get(bytes(identity))
         if engine is None:
-            raise StartupError(f"ready frame from unexpected engine identity "
+            raise StartupError(f"{stage} from unexpected engine identity "
                                f"{bytes(identity).hex()}")
+        return engine
+
+    def _startup_decode(self, engine: EngineState, decode: Callable[[bytes], T],
+                        payload: bytes, what: str) -> T:
+        """`decode(payload)`, or StartupError naming the engine and what it sent."""
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            raise StartupError(f"engine {engine.rank} sent an invalid {what}: "
+                               f"{exc.detail}") from exc
+
+    def on_ready(self, identity: bytes, payload: bytes) -> None:
+        """Apply one engine's ready frame; raises StartupError on anything unacceptable."""
+        engine = self._known_engine(identity, "ready frame")
         if engine.registered:
             raise StartupError(f"engine {engine.rank} registered twice")
-        try:
-            ready = self.codec.decode_ready(payload)
-        except ProtocolError as exc:
-            raise StartupError(f"engine {engine.rank} sent an invalid ready response: "
-                               f"{exc.detail}") from exc
+        ready = self._startup_decode(engine, self.codec.decode_ready, payload,
+                                     "ready response")
         engine.ready, engine.registered = ready, True
         if ready is not None:
             self.apply_ready(engine.rank, ready)
@@ -169,18 +183,11 @@ class ReferenceFrontendCore(SessionRules):
     # ------------------------------------------------------------ handshake mode
 
     def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
-        engine = self._by_identity.get(bytes(identity))
-        if engine is None:
-            raise StartupError(f"{stage} from unexpected engine identity "
-                               f"{bytes(identity).hex()}")
-        return engine
+        return self._known_engine(identity, stage)
 
     def _handshake_status(self, engine: EngineState, payload: bytes) -> str:
-        try:
-            return self.codec.decode_handshake_status(payload).status
-        except ProtocolError as exc:
-            raise StartupError(f"engine {engine.rank} sent an invalid handshake message: "
-                               f"{exc.detail}") from exc
+        return self._startup_decode(engine, self.codec.decode_handshake_status, payload,
+                                    "handshake message").status
 
     def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
                      outputs: Sequence[str]) -> bytes | None:
@@ -250,6 +257,8 @@ class ReferenceFrontendCore(SessionRules):
         embeds = self.input_tensor(params)
         rank = self.route(data_parallel_rank)
         handle = StreamHandle(list(prompt), request_id=rid)
+        self.ended.pop(rid, None)  # a reused id names the new request from now on
+        self.stopped.pop(rid, None)
         self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()),
                                           session=SessionState() if resumable else None)
         self.engines[rank].inflight += 1
@@ -312,14 +321,50 @@ class ReferenceFrontendCore(SessionRules):
         if rank in self.engines:
             self.engines[rank].reported = waiting + running
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
-        state = self.requests.pop(rid, None)
-        if state is not None:
-            self.engines[state.rank].inflight -= 1
-            if state.held_text:  # no stop string can follow any more: release it
-                state.handle.add_tokens([], state.held_text)
-                state.held_text = ""
-            state.handle.finish(reason, error)
+    # ------------------------------------------------------------------ lifecycle
+
+    def request(self, rid: str) -> RequestState | None:
+        """The request `rid` names, live or ended (None: unknown, or long forgotten)."""
+        return self.requests.get(rid) or self.stopped.get(rid) or self.ended.get(rid)
+
+    def _advance(self, state: RequestState, event: Event) -> Phase:
+        """The one place a phase changes: along the lifecycle table (LifecycleError if it
+        has no such transition: a bug of this core), with the indexes kept in step."""
+        was = state.phase
+        state.phase = next_phase(was, event, state.request_id)
+        if state.phase is not was:
+            self._reindex(state, was)
+        return state.phase
+
+    def _reindex(self, state: RequestState, was: Phase) -> None:
+        """Move a request between the indexes of its old and new phase; the terminal ones
+        are kept for the newest MAX_ENDED requests only (the oldest are forgotten)."""
+        rid = state.request_id
+        if was.live and not state.phase.live:
+            self.requests.pop(rid, None)
+        if was is Phase.STOP_PENDING:
+            self.stopped.pop(rid, None)
+        if state.phase is Phase.STOP_PENDING:
+            self.stopped[rid] = state
+        elif state.phase.terminal:
+            self.ended[rid] = state
+            self.ended.move_to_end(rid)
+            while len(self.ended) > MAX_ENDED:
+                self.ended.popitem(last=False)
+
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
+        """A live request leaves LIVE by `event`: its routing slot is released, held text
+        delivered, its stream ended with `reason` (a request not live: nothing)."""
+        state = self.requests.get(rid)
+        if state is None:
+            return
+        self.engines[state.rank].inflight -= 1
+        if state.held_text:  # no stop string can follow any more: release it
+            state.handle.add_tokens([], state.held_text)
+            state.held_text = ""
+        self._advance(state, event)
+        state.handle.finish(reason, error)
 
     # ------------------------------------------------------------------ outputs
 
@@ -371,9 +416,8 @@ class ReferenceFrontendCore(SessionRules):
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
         if state is None:
-            if output.finished:  # ended by a stop string, and now finished by its engine:
-                self.stop_aborts.pop(output.request_id, None)  # no ABORT owed any more
-            return  # unknown or already finished/aborted: ignored
+            self.on_ended_output(output)
+            return
         handle = state.handle
         if output.new_token_ids and state.stop:
             if self.deliver_until_stop(state, output):
@@ -383,27 +427,45 @@ class ReferenceFrontendCore(SessionRules):
         if output.finish_reason is not None:
             if state.session is not None and self.segment_continues(state, output):
                 return  # a segment boundary: the session's stream goes on
-            if output.finish_reason is m.FinishReason.ERROR:
-                detail = output.error.message if output.error else "request failed in engine"
-                self._finish(output.request_id, "error", detail)
-            else:
-                self._finish(output.request_id, str(output.finish_reason))
+            self.end_by_engine(state, output)
+
+    def end_by_engine(self, state: RequestState, output: m.EngineCoreOutput) -> None:
+        """The engine's final output ends the stream with its finish reason (and the error
+        message of an ERROR); the engine is done with it, so no ABORT is owed."""
+        if output.finish_reason is m.FinishReason.ERROR:
+            detail = output.error.message if output.error else "request failed in engine"
+            self._finish(state.request_id, Event.FINAL_OUTPUT, "error", detail)
+        else:
+            self._finish(state.request_id, Event.FINAL_OUTPUT, str(output.finish_reason))
+
+    def on_ended_output(self, output: m.EngineCoreOutput) -> None:
+        """An output for a request that is not live is ignored, but a final one retires
+        the ABORT a stop string left owed (STOP_PENDING + FINAL_OUTPUT -> FINISHED)."""
+        state = self.request(output.request_id)
+        if state is not None:
+            self._advance(state, Event.FINAL_OUTPUT if output.finished else Event.OUTPUT)
 
     def on_finished_requests(self, request_ids: Iterable[str]) -> None:
-        """The engine retired these ids. One still open got no final output: its stream
-        ends with an error instead of waiting forever (vllm-rs: RequestStreamClosed)."""
+        """The engine retired these ids: no ABORT is owed for any of them any more."""
         for rid in request_ids:
-            self.stop_aborts.pop(rid, None)  # retired by the engine: no ABORT owed
-            if self.retired_by_engine(rid):
-                self._finish(rid, "error", f"engine retired request {rid} without a "
-                                           "final output")
+            stopped = self.stopped.get(rid)
+            if stopped is not None:
+                self._advance(stopped, Event.FINAL_OUTPUT)
+            elif self.retired_by_engine(rid):
+                self.retired_without_output(rid)
+
+    def retired_without_output(self, rid: str) -> None:
+        """A live request the engine retired without a final output: its stream ends with
+        an error instead of waiting forever (vllm-rs: RequestStreamClosed)."""
+        self._finish(rid, Event.FINAL_OUTPUT, "error",
+                     f"engine retired request {rid} without a final output")
 
     def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
         """Token by token: a stop string ends the stream at the token completing it, with
         the text before it; the rest of the chunk is dropped (vLLM's _trim_surplus_tokens).
         Returns True when a stop string ended the stream."""
         handle = state.handle
-        keep = max(len(s) for s in state.stop) - 1
+        keep = self.hold_back(state)
         tokens = output.new_token_ids
         for i, token in enumerate(tokens):
             state.held_text += detokenize([token])
@@ -415,11 +477,21 @@ class ReferenceFrontendCore(SessionRules):
                 handle.add_tokens([token], text)
                 self.end_at_stop(state, engine_finished=output.finished)
                 return True
-            last = output.finished and i == len(tokens) - 1
+            last = self.releases_held_text(output, i)
             cut = len(state.held_text) if last else max(0, len(state.held_text) - keep)
             text, state.held_text = state.held_text[:cut], state.held_text[cut:]
             handle.add_tokens([token], text)
         return False
+
+    def hold_back(self, state: RequestState) -> int:
+        """Characters withheld at the end of the text: any shorter tail could still be the
+        start of a stop string (vLLM's stop buffer, len(longest stop) - 1)."""
+        return max(len(s) for s in state.stop) - 1
+
+    def releases_held_text(self, output: m.EngineCoreOutput, index: int) -> bool:
+        """Whether the token at `index` releases every held character: the last token of
+        the engine's final output (no stop string can follow it)."""
+        return output.finished and index == len(output.new_token_ids) - 1
 
     def stop_position(self, state: RequestState) -> int:
         """Where the earliest stop string starts in the stream's text so far, else -1."""
@@ -429,20 +501,23 @@ class ReferenceFrontendCore(SessionRules):
 
     def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
         """End the stream with 'stop' (later outputs are ignored) and, unless the engine
-        already finished the request, owe its engine an ABORT."""
-        self._finish(state.request_id, "stop")
-        if not engine_finished:
-            self.stop_aborts[state.request_id] = state.rank
-            self.pending_drops.append(state.request_id)
+        already finished the request, owe its engine an ABORT (STOP_PENDING, queued)."""
+        if engine_finished:
+            self._finish(state.request_id, Event.FINAL_OUTPUT, "stop")
+            return
+        self._finish(state.request_id, Event.STOP_MATCHED, "stop")
+        self.pending_drops.append(state.request_id)
 
     # ------------------------------------------------------------------ aborts
 
     def queue_drop(self, request_ids: Iterable[str]) -> None:
-        """The client went away from these streams; the drain loop aborts them."""
+        """The client went away from these streams (DROP); the drain loop aborts them."""
         for rid in request_ids:
-            state = self.requests.get(rid)
-            if state is not None and not state.handle.ended:
-                state.handle.dropped = True
+            state = self.request(rid)
+            if state is not None:
+                self._advance(state, Event.DROP)
+                if state.phase.live and not state.handle.ended:
+                    state.handle.dropped = True
             self.pending_drops.append(rid)
 
     def drain_drops(self) -> list[Send]:
@@ -453,108 +528,51 @@ class ReferenceFrontendCore(SessionRules):
             return []
         per_engine: dict[int, list[str]] = {}
         for rid in batch:
-            state = self.requests.get(rid)
-            if state is None:
-                owner = self.stop_aborts.pop(rid, None)  # ended by a stop string: owed
-                if owner is not None:
-                    per_engine.setdefault(owner, []).append(rid)
-                continue  # finished, aborted or unknown: skipped
-            for rank in self.abort_ranks(state):
+            for rank in self.drain_ranks(rid):
                 per_engine.setdefault(rank, []).append(rid)
-            self._finish(rid, state.handle.finish_reason or "abort")
         return self.abort_frames(per_engine)
+
+    def drain_ranks(self, rid: str) -> list[int]:
+        """Where a drain pass aborts one queued id: nowhere unless its phase owes an ABORT
+        (a dropped live request: its engines, its stream ended; a stop string's: its
+        owner); the request is DRAINED. Finished, aborted, drained or unknown: skipped."""
+        state = self.request(rid)
+        if state is None or not state.phase.abort_owed:
+            return []
+        if not state.phase.live:  # STOP_PENDING: the stream already ended at "stop"
+            self._advance(state, Event.DRAIN)
+            return [state.rank]
+        ranks = self.abort_ranks(state)
+        self._finish(rid, Event.DRAIN, state.handle.finish_reason or "abort")
+        return ranks
 
     def abort(self, request_ids: Iterable[str]) -> list[Send]:
         """Explicit abort: live ids only, streams ended locally first, one frame per engine."""
         self._check_alive()
+        return self.abort_frames(self.explicit_abort_batch(list(dict.fromkeys(request_ids))))
+
+    def explicit_abort_batch(self, request_ids: Sequence[str]) -> dict[int, list[str]]:
+        """The ids of one explicit abort, grouped per engine."""
         per_engine: dict[int, list[str]] = {}
-        for rid in dict.fromkeys(request_ids):
-            state = self.requests.get(rid)
-            if state is None:
-                continue
-            for rank in self.abort_ranks(state):
+        for rid in request_ids:
+            for rank in self.explicit_abort_ranks(rid):
                 per_engine.setdefault(rank, []).append(rid)
-            self._finish(rid, "abort")
-        return self.abort_frames(per_engine)
+        return per_engine
+
+    def explicit_abort_ranks(self, rid: str) -> list[int]:
+        """Where an explicit abort sends one id: a live request's engines (it is ABORTED,
+        its stream ends "abort"); an ended or unknown id goes nowhere (a stop string's
+        owed ABORT is left to the drain pass)."""
+        state = self.request(rid)
+        if state is None or not state.phase.live:
+            return []
+        ranks = self.abort_ranks(state)
+        self._finish(rid, Event.ABORT, "abort")
+        return ranks
 
     def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
         return [(self.engines[rank].identity, self.codec.encode_abort(ids))
                 for rank, ids in sorted(per_engine.items()) if ids]
-
-    # ------------------------------------------------------------------ utilities
-
-    def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
-                                                                       list[Send]]:
-        """Fan a utility call out to every engine, each with its own call id."""
-        self._check_alive()
-        call = PendingUtility(method, {})
-        sends: list[Send] = []
-        for rank in sorted(self.engines):
-            call_id = next(self._call_ids)
-            call.call_ids[call_id] = rank
-            self.utilities[call_id] = call
-            sends.append((self.engines[rank].identity,
-                          self.codec.encode_utility(self.client_index, call_id, method, args)))
-        return call, sends
-
-    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
-                          ) -> PendingUtility | None:
-        call = self.utilities.pop(out.call_id, None)
-        if call is None:
-            return None  # unknown or already-answered call id: dropped
-        rank = call.call_ids[out.call_id]
-        if out.failure_message is not None:
-            call.failures[rank] = out.failure_message
-        else:
-            call.results[rank] = out.result.value if out.result is not None else None
-        return call if call.complete else None
-
-    def forget_utility(self, call: PendingUtility) -> None:
-        for call_id in call.call_ids:
-            self.utilities.pop(call_id, None)
-
-    def utility_values(self, call: PendingUtility) -> list[Any]:
-        """Results in engine order, or UtilityFailed naming every failing engine."""
-        if call.failures:
-            detail = "; ".join(f"engine {r}: {msg}" for r, msg in sorted(call.failures.items()))
-            raise UtilityFailed(f"utility {call.method} failed: {detail}")
-        return [call.results[r] for r in sorted(call.results)]
-
-    aggregation: Mapping[str, Aggregation] = UTILITY_AGGREGATION
-
-    def aggregate(self, method: str, values: list[Any]) -> Any:
-        """The call's answer from the engines' answers (engine order), by the method's rule."""
-        if method == "is_sleeping":
-            return self.aggregate_is_sleeping(values)
-        if method == "reset_prefix_cache":
-            return self.aggregate_reset_prefix_cache(values)
-        rule = self.aggregation.get(method, DEFAULT_AGGREGATION)
-        if rule is Aggregation.CONSENSUS:
-            if any(v != values[0] for v in values):
-                raise InconsistentResults(f"{method} returned inconsistent results across "
-                                          f"engines: {values}")
-            return values[0]
-        if rule is Aggregation.ALL:
-            return all(bool(v) for v in values)
-        if rule is Aggregation.FLATTEN:
-            flat: list[Any] = []
-            for value in values:
-                flat.extend(value if isinstance(value, list) else [value])
-            return flat
-        if rule is Aggregation.FIRST:
-            return values[0]
-        return None
-
-    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
-        """Consensus: every engine must agree, else an error that names the values."""
-        if len(set(values)) != 1 or not isinstance(values[0], bool):
-            raise InconsistentResults(f"is_sleeping returned inconsistent results across "
-                                      f"engines: {values}")
-        return values[0]
-
-    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
-        """AND over every engine's answer."""
-        return all(bool(v) for v in values)
 
     # ------------------------------------------------------------------ death
 
@@ -564,7 +582,8 @@ class ReferenceFrontendCore(SessionRules):
             return
         self.dead = EngineDeadError(reason)
         for rid in list(self.requests):
-            self._finish(rid, "error", f"engine dead: {reason}")
+            self._finish(rid, Event.ENGINE_DEAD, "error", f"engine dead: {reason}")
+        for state in list(self.stopped.values()):
+            self._advance(state, Event.ENGINE_DEAD)  # no ABORT is ever sent after death
         self.pending_drops.clear()
-        self.stop_aborts.clear()
 

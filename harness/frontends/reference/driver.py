@@ -19,21 +19,26 @@ from harness.frontends.driver import (
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
 from harness.transport.endpoints import PrivateIpcDir
+from harness.wire import VLLM_0_33, ProtocolProfile, codec_for
 
 if TYPE_CHECKING:
     from harness.frontends.engine_side import EngineSide
 
 
 class ReferenceDriver(FrontendDriver):
-    """Drives `ReferenceFrontend`; `core_factory` swaps in a mutant core for self-tests."""
+    """Drives `ReferenceFrontend`; `core_factory` swaps in a mutant core for self-tests.
+
+    `profile`: the protocol the frontend speaks (its codec is threaded into the core).
+    """
 
     name = "reference"
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
 
     def __init__(self, core_factory: CoreFactory = ReferenceFrontendCore,
-                 name: str | None = None, frontend_kwargs: dict[str, Any] | None = None
-                 ) -> None:
+                 name: str | None = None, frontend_kwargs: dict[str, Any] | None = None,
+                 profile: ProtocolProfile = VLLM_0_33) -> None:
         self.core_factory = core_factory
+        self.protocol_profile = profile
         self.frontend_kwargs = frontend_kwargs or {}
         if name is not None:
             self.name = name
@@ -49,6 +54,7 @@ class ReferenceDriver(FrontendDriver):
         self._ipc = PrivateIpcDir()
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
         self.frontend = ReferenceFrontend([e.rank for e in group.engines],
+                                          codec=codec_for(self.protocol_profile),
                                           core_factory=self.core_factory,
                                           stats_address=group.stats_address,
                                           timescale=self.timescale, **self.frontend_kwargs)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 import zmq
 import zmq.asyncio
@@ -31,21 +31,26 @@ from harness.frontends.reference.coordinator_io import CoordinatorTransport
 from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
 from harness.timing import DEFAULT, Timescale
 from harness.transport.sockets import make_socket
-from harness.wire import ProtocolError
+from harness.wire import ProtocolError, WireCodec
 from harness.wire import messages as m
 
-CoreFactory = Callable[[Sequence[int]], ReferenceFrontendCore]
+
+class CoreFactory(Protocol):
+    """Builds the frontend core (the reference's, a mutant's, a probed one) for the ranks,
+    speaking the codec of the profile the driver was built for."""
+
+    def __call__(self, ranks: Sequence[int], *, codec: WireCodec) -> ReferenceFrontendCore: ...
 
 
 class ReferenceFrontend:
     """One frontend client over N engines on real sockets."""
 
-    def __init__(self, ranks: Sequence[int], *,
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec,
                  core_factory: CoreFactory = ReferenceFrontendCore,
                  utility_timeout: float | None = None, fail_calls_on_death: bool = True,
                  first_output_deadline: float | None = None,
                  stats_address: str | None = None, timescale: Timescale = DEFAULT) -> None:
-        self.core = core_factory(list(ranks))
+        self.core = core_factory(list(ranks), codec=codec)
         self.stats_address = stats_address  # the DP coordinator's XPUB (waves, load)
         self.utility_timeout = (timescale.scaled(3.0) if utility_timeout is None
                                 else utility_timeout)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.frontends.driver import FrontendError, StreamHandle
+from harness.lifecycle import Event
 from harness.vocab import EOS_TOKEN_ID
 from harness.wire import WireCodec
 from harness.wire import messages as m
@@ -56,7 +57,11 @@ class SessionRules:
     def _check_alive(self) -> None:
         raise NotImplementedError
 
-    def _finish(self, rid: str, reason: str | None, error: str | None = None) -> None:
+    def request(self, rid: str) -> RequestState | None:
+        raise NotImplementedError
+
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
         raise NotImplementedError
 
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
@@ -98,21 +103,32 @@ class SessionRules:
         session = self.open_session_state(rid)
         session.closing = True
         send = self.session_add(rid, CLOSING_PROMPT, 1, resumable=False)
-        if session.segments_running == 0:
-            self._finish(rid, session.last_reason or "stop")
+        if session.segments_running == 0:  # its last segment's final output came already
+            self._finish(rid, Event.FINAL_OUTPUT, session.last_reason or "stop")
         return [send]
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
                     resumable: bool) -> Send:
-        state = self.requests[rid]
-        sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                    _eos_token_id=EOS_TOKEN_ID,
-                                    _all_stop_token_ids={EOS_TOKEN_ID})
-        request = m.EngineCoreRequest(
+        """A continuation or the close: an ADD of the session's id to the engine holding it."""
+        state = self.request(rid)
+        if state is None:
+            raise SessionError(f"request {rid!r} has no streaming-input session")
+        request = self.session_request(rid, prompt, self.session_sampling(max_tokens),
+                                       resumable=resumable)
+        return self.engines[state.rank].identity, self.codec.encode_add(request)
+
+    def session_sampling(self, max_tokens: int) -> m.SamplingParams:
+        """A session ADD's sampling: greedy, with the EOS token, like the first segment's."""
+        return m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                _eos_token_id=EOS_TOKEN_ID, _all_stop_token_ids={EOS_TOKEN_ID})
+
+    def session_request(self, rid: str, prompt: Sequence[int], sampling: m.SamplingParams,
+                        *, resumable: bool) -> m.EngineCoreRequest:
+        """A session ADD: the session's id (also as external_req_id), the latest wave."""
+        return m.EngineCoreRequest(
             rid, list(prompt), None, sampling, None, time.time(), None, None, None,
             client_index=self.client_index, current_wave=self.current_wave,
             resumable=resumable, external_req_id=rid)
-        return self.engines[state.rank].identity, self.codec.encode_add(request)
 
     # ------------------------------------------------------------ hooks of the core
 

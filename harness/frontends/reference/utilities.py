@@ -5,13 +5,23 @@ Every utility call fans out to every engine exactly once (vLLM 0.33.0: Python
 :1814-1816; Rust `call_utility`, rust-client.md §1.7). Where the two frontends fold the
 answers differently, the reference takes the stricter observable rule; the comments name
 both sides, and the conformance case for that rule is SHOULD with the difference in the
-baseline.
+baseline. The rules that apply the table (fan-out, pairing replies by call id, folding)
+are the `UtilityRules` mixin of the reference core, one small method each.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness.frontends.driver import FrontendError
+from harness.wire import WireCodec
+from harness.wire import messages as m
+
+if TYPE_CHECKING:
+    from harness.frontends.reference.core import EngineState, Send
 
 
 class Aggregation(enum.Enum):
@@ -59,3 +69,116 @@ UTILITY_AGGREGATION: Mapping[str, Aggregation] = {
     "save_sharded_state": Aggregation.UNIT,
 }
 DEFAULT_AGGREGATION = Aggregation.FIRST  # an unlisted method: engine 0's answer (DPLB)
+
+
+class UtilityFailed(FrontendError):
+    """An engine answered a utility call with a failure message."""
+
+
+class InconsistentResults(FrontendError):
+    """Engines answered a consensus utility differently; the message names the values."""
+
+
+@dataclass
+class PendingUtility:
+    """One fanned-out utility call: a call id per engine, results in engine order."""
+
+    method: str
+    call_ids: dict[int, int]  # call_id -> rank
+    results: dict[int, Any] = field(default_factory=dict)  # rank -> value
+    failures: dict[int, str] = field(default_factory=dict)  # rank -> failure message
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) + len(self.failures) == len(self.call_ids)
+
+    def missing_ranks(self) -> list[int]:
+        answered = set(self.results) | set(self.failures)
+        return sorted(r for r in self.call_ids.values() if r not in answered)
+
+
+class UtilityRules:
+    """Utility rules of `ReferenceFrontendCore` (fan-out, pairing by call id, folding):
+    each one a small method a mutant overrides. The core provides the attributes below."""
+
+    engines: dict[int, EngineState]
+    codec: WireCodec
+    client_index: int
+    utilities: dict[int, PendingUtility]  # call_id -> call
+    _call_ids: Iterator[int]
+
+    def _check_alive(self) -> None:
+        raise NotImplementedError
+
+    def start_utility(self, method: str, args: Sequence[Any]
+                      ) -> tuple[PendingUtility, list[Send]]:
+        """Fan a utility call out to every engine, each with its own call id."""
+        self._check_alive()
+        call = PendingUtility(method, {})
+        sends: list[Send] = []
+        for rank in sorted(self.engines):
+            call_id = next(self._call_ids)
+            call.call_ids[call_id] = rank
+            self.utilities[call_id] = call
+            sends.append((self.engines[rank].identity,
+                          self.codec.encode_utility(self.client_index, call_id, method, args)))
+        return call, sends
+
+    def on_utility_output(self, engine_index: int, out: m.UtilityOutput
+                          ) -> PendingUtility | None:
+        call = self.utilities.pop(out.call_id, None)
+        if call is None:
+            return None  # unknown or already-answered call id: dropped
+        rank = call.call_ids[out.call_id]
+        if out.failure_message is not None:
+            call.failures[rank] = out.failure_message
+        else:
+            call.results[rank] = out.result.value if out.result is not None else None
+        return call if call.complete else None
+
+    def forget_utility(self, call: PendingUtility) -> None:
+        for call_id in call.call_ids:
+            self.utilities.pop(call_id, None)
+
+    def utility_values(self, call: PendingUtility) -> list[Any]:
+        """Results in engine order, or UtilityFailed naming every failing engine."""
+        if call.failures:
+            detail = "; ".join(f"engine {r}: {msg}" for r, msg in sorted(call.failures.items()))
+            raise UtilityFailed(f"utility {call.method} failed: {detail}")
+        return [call.results[r] for r in sorted(call.results)]
+
+    aggregation: Mapping[str, Aggregation] = UTILITY_AGGREGATION
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        """The call's answer from the engines' answers (engine order), by the method's rule."""
+        if method == "is_sleeping":
+            return self.aggregate_is_sleeping(values)
+        if method == "reset_prefix_cache":
+            return self.aggregate_reset_prefix_cache(values)
+        rule = self.aggregation.get(method, DEFAULT_AGGREGATION)
+        if rule is Aggregation.CONSENSUS:
+            if any(v != values[0] for v in values):
+                raise InconsistentResults(f"{method} returned inconsistent results across "
+                                          f"engines: {values}")
+            return values[0]
+        if rule is Aggregation.ALL:
+            return all(bool(v) for v in values)
+        if rule is Aggregation.FLATTEN:
+            flat: list[Any] = []
+            for value in values:
+                flat.extend(value if isinstance(value, list) else [value])
+            return flat
+        if rule is Aggregation.FIRST:
+            return values[0]
+        return None
+
+    def aggregate_is_sleeping(self, values: list[Any]) -> bool:
+        """Consensus: every engine must agree, else an error that names the values."""
+        if len(set(values)) != 1 or not isinstance(values[0], bool):
+            raise InconsistentResults(f"is_sleeping returned inconsistent results across "
+                                      f"engines: {values}")
+        return values[0]
+
+    def aggregate_reset_prefix_cache(self, values: list[Any]) -> bool:
+        """AND over every engine's answer."""
+        return all(bool(v) for v in values)
