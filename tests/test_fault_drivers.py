@@ -87,7 +87,7 @@ def marked_processes(token: str) -> list[int]:
 
 def frontend_for(fault: Fault, tag: str) -> str:
     python = os.path.relpath(sys.executable, ROOT)  # a relative command, with a slash
-    return (f"subprocess:{python} -m harness.frontends.driver_main "
+    return (f"subprocess:{python} -m harness.frontends.subprocess.program "
             f"--fault {fault.env.format(tag=tag)}")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from harness.frontends.driver import FrontendDriver
 
-REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
+REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.subprocess.program"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
