@@ -24,14 +24,17 @@ of one run) holds one or more faults separated by commas:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any, BinaryIO
+from types import FrameType
+from typing import Any, BinaryIO, NoReturn
 
 from harness.frontends.driver import Capability
 from harness.frontends.subprocess.protocol import encode_line
+from harness.transport.endpoints import PrivateIpcDir
 
 FAULT_VARIABLE = "COREWIRE_DRIVER_FAULT"
 # What a first-release driver program declares (the `old_protocol` fault).
@@ -47,6 +50,31 @@ EXIT_CRASH = 3
 def log(text: str) -> None:
     """The program's log line (stderr: stdout carries only protocol messages)."""
     print(f"[driver program] {text}", file=sys.stderr, flush=True)
+
+
+def release_ipc_dirs() -> None:
+    """Remove the private ipc dirs the driver still holds (a graceful shutdown has already
+    removed them; an abrupt exit must not leave them behind)."""
+    for path in sorted(PrivateIpcDir.live):
+        shutil.rmtree(path, ignore_errors=True)
+        PrivateIpcDir.live.discard(path)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit at once (no cleanup of the driver, no flushing): only the ipc dirs go."""
+    release_ipc_dirs()
+    os._exit(code)
+
+
+def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """SIGTERM ends the program as its default action would, without leaving ipc dirs."""
+    exit_now(128 + signal.SIGTERM)
+
+
+def ignore_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """`ignore_shutdown`: SIGTERM is ignored (the ipc dirs still go: SIGKILL comes next)."""
+    release_ipc_dirs()
+    log("injected: ignoring SIGTERM")
 
 
 class Faults:
@@ -79,7 +107,7 @@ class Faults:
                     None)
         if kind == "crash_on":
             log(f"injected crash on {cmd}")
-            os._exit(EXIT_CRASH)
+            exit_now(EXIT_CRASH)
         if kind == "hang_on":
             log(f"injected hang on {cmd}")
             return True
@@ -129,8 +157,8 @@ class Faults:
         if "exit_at_start" in self.items:
             log("injected exit at start")
             return EXIT_AT_START
-        if "ignore_shutdown" in self.items:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, ignore_sigterm if "ignore_shutdown" in self.items
+                      else on_sigterm)
         leave_children(self, out)
         for size in self.targets("flood_stderr"):
             flood_stderr(float(size))

@@ -31,7 +31,13 @@ from harness.frontends.driver import (
     UnsupportedOperation,
 )
 from harness.frontends.registry import check_spec, make_driver, parse_spec
-from harness.frontends.subprocess.faults import Faults, log, raise_a_bug
+from harness.frontends.subprocess.faults import (
+    Faults,
+    exit_now,
+    log,
+    raise_a_bug,
+    release_ipc_dirs,
+)
 from harness.frontends.subprocess.feed import CommandFeed
 from harness.frontends.subprocess.protocol import PROTOCOL, decode_line, encode_line
 from harness.frontends.subprocess.remote_engines import RemoteEngineSide, StartupBound
@@ -43,8 +49,9 @@ PROVISIONAL_BOUND_S = 600.0
 HOLD_S = 30.0
 # How long `wait_ready` waits past its bound for the driver's own verdict (x timescale).
 READY_GRACE_S = 0.25
-# Room left in a unix socket path (107 bytes) for the driver's own dir and socket name.
-IPC_PATH_ROOM = 107 - 40
+# The longest workdir the driver's ipc dirs go into: a unix socket path has 107 bytes, the
+# driver's dir and socket name take about 32 ("/cw-xxxxxxxx/coord-out-xxxxxxxx").
+IPC_PATH_ROOM = 107 - 32
 FAULT_POLL_S = 0.1
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
@@ -127,7 +134,7 @@ class DriverProgram:
             return
         except Exception:  # a bug of this program or its driver: say so and exit (ERROR)
             log(f"internal error in `{cmd}`:\n{traceback.format_exc()}")
-            os._exit(EX_SOFTWARE)
+            exit_now(EX_SOFTWARE)
         self.emit({"id": cid, "ok": True, **(value or {})})
 
     def track(self, cid: Any, task: asyncio.Task[None]) -> None:
@@ -288,7 +295,7 @@ class DriverProgram:
             fault = self.driver.fault()
             if fault is not None and not self.closing:
                 log(f"the driver failed: {fault}")
-                os._exit(EX_SOFTWARE)
+                exit_now(EX_SOFTWARE)
             await asyncio.sleep(FAULT_POLL_S)
 
 
@@ -305,7 +312,8 @@ async def _cancelled(task: asyncio.Task[Any]) -> None:
 
 def use_workdir(workdir: str) -> None:
     """Let the driver's private ipc dirs live inside the harness's workdir (removed by the
-    harness even after a SIGKILL), when socket paths there stay short enough."""
+    harness even after a SIGKILL), when socket paths there stay short enough; elsewhere
+    every exit of the program removes them (`exit_now`)."""
     if workdir and os.path.isdir(workdir) and len(workdir) <= IPC_PATH_ROOM:
         tempfile.tempdir = workdir
 
@@ -369,6 +377,7 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         await program.close()
         await _cancelled(watcher)
+        release_ipc_dirs()
 
 
 def main(argv: list[str] | None = None) -> int:
