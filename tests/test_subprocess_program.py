@@ -160,3 +160,28 @@ def test_a_startup_bound_reads_as_the_seconds_it_was_settled_to() -> None:
     assert 10.0 + bound == 11.5 and bound + 1 == 2.5 and 2.0 - bound == 0.5
     assert bound * 1000 == 1500.0 and bound < 2 and bound > 1 and bound == 1.5
     assert f"{bound:.1f}" == "1.5" and float(bound) == 1.5 and str(bound) == "1.5"
+
+
+def test_the_program_exits_at_once_after_shutdown_while_stdin_stays_open(
+        tmp_path: Any) -> None:
+    """The harness keeps stdin open until the program exits: the reader thread, blocked in
+    its read, must not hold a lock the interpreter's exit needs (it aborted with SIGABRT
+    after a second)."""
+    proc = subprocess.Popen(PROGRAM, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        for command in ({"id": 1, "cmd": "init", "protocol": "corewire-driver/1",
+                         "workdir": str(tmp_path), "engines": [{"rank": 0}], "dp_size": 1,
+                         "stats_address": None, "timescale": 1.0},
+                        {"id": 2, "cmd": "shutdown"}):
+            proc.stdin.write((json.dumps(command) + "\n").encode())
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["ok"] is True
+        answered = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - answered < 5
+        assert list(tmp_path.iterdir()) == []  # the driver's ipc dir went with it
+    finally:
+        proc.kill()
+        proc.wait()

@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Collection
-from typing import Any, BinaryIO
+from typing import Any
+
+READ_SIZE = 1 << 16
 
 
 class CommandFeed:
     """Lines of stdin: `next_line` for the event loop, `look_ahead` for a blocked caller."""
 
-    def __init__(self, stream: BinaryIO, loop: asyncio.AbstractEventLoop) -> None:
-        self._stream = stream
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd = fd
         self._loop = loop
         self._lines: deque[bytes] = deque()
         self._closed = False  # stdin reached its end
@@ -35,8 +38,16 @@ class CommandFeed:
         self._thread.start()
 
     def _read(self) -> None:
-        for line in iter(self._stream.readline, b""):
-            self._push(line)
+        """Raw reads of the fd, split into lines here: a buffered reader's lock, held by this
+        (daemon) thread in a read, would abort the interpreter's exit."""
+        pending = b""
+        while chunk := os.read(self._fd, READ_SIZE):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._push(line + b"\n")
+        if pending:
+            self._push(pending)
         self._push(None)
 
     def _push(self, line: bytes | None) -> None:

@@ -348,7 +348,7 @@ async def serve(args: argparse.Namespace) -> int:
     except UsageError as exc:
         log(f"usage: {exc}")
         return EX_USAGE
-    feed = CommandFeed(sys.stdin.buffer, asyncio.get_running_loop())
+    feed = CommandFeed(sys.stdin.fileno(), asyncio.get_running_loop())
     feed.start()
     program = DriverProgram(driver, faults, out, feed)
     watcher = asyncio.create_task(program.watch_driver())
