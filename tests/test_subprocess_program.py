@@ -185,3 +185,30 @@ def test_the_program_exits_at_once_after_shutdown_while_stdin_stays_open(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_shutdown_right_behind_init_is_not_waited_for(tmp_path: Any) -> None:
+    """A harness interrupted during init sends `shutdown` at once: the driver's start must
+    not be held for a `wait_ready` that will never come (it was held until stdin closed,
+    ten seconds, and the interrupted run left its dirs behind)."""
+    proc = subprocess.Popen(PROGRAM, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        init = {"id": 1, "cmd": "init", "protocol": "corewire-driver/1",
+                "workdir": str(tmp_path), "engines": [{"rank": 0}], "dp_size": 1,
+                "stats_address": None, "timescale": 1.0}
+        sent = time.monotonic()
+        proc.stdin.write((json.dumps(init) + "\n" + json.dumps({"id": 2, "cmd": "shutdown"})
+                          + "\n").encode())
+        proc.stdin.flush()
+        replies = {}
+        for _ in range(2):
+            reply = json.loads(proc.stdout.readline())
+            replies[reply["id"]] = reply
+        assert replies[2] == {"id": 2, "ok": True}
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - sent < 5
+    finally:
+        proc.kill()
+        proc.wait()

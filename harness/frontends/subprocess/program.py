@@ -95,6 +95,8 @@ class DriverProgram:
         self.start_task: asyncio.Task[None] | None = None
         self.timescale = 1.0
         self.closing = False
+        # The startup commands the loop has taken already (`hold` must not wait for them).
+        self.taken: dict[str, dict[str, Any]] = {}
 
     def emit(self, message: dict[str, Any]) -> None:
         self.out.write(encode_line(message))
@@ -186,7 +188,8 @@ class DriverProgram:
     def hold(self) -> float:
         """Until the harness's `wait_ready` is in: its bound (the driver waits from now)."""
         limit = HOLD_S * self.timescale
-        message = self.feed.look_ahead(("wait_ready", "shutdown"), limit)
+        message = (self.taken.get("shutdown") or self.taken.get("wait_ready")
+                   or self.feed.look_ahead(("wait_ready", "shutdown"), limit))
         if message is None or message.get("cmd") != "wait_ready":
             why = ("shutdown came first" if message is not None
                    else f"stdin closed or nothing came within {limit:.0f} s")
@@ -363,6 +366,8 @@ async def serve(args: argparse.Namespace) -> int:
                 log("stdin closed; exiting")
                 return 0
             message = decode_line(line)
+            if message.get("cmd") in ("wait_ready", "shutdown"):
+                program.taken[str(message["cmd"])] = message
             if message.get("cmd") == "shutdown":
                 if pending:  # answer what is in flight first (bounded)
                     await asyncio.wait(pending, timeout=5.0)
