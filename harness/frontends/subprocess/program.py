@@ -151,6 +151,8 @@ class DriverProgram:
     # ------------------------------------------------------------------ startup
 
     async def cmd_init(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Start the driver in a task against the harness's engines: its start answers init
+        from inside (RemoteEngineSide) and goes on waiting; `wait_ready` awaits the task."""
         if msg.get("protocol") != PROTOCOL:
             raise FrontendError(f"unsupported protocol {msg.get('protocol')!r}")
         if self.start_task is not None:
