@@ -351,7 +351,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             else r.message
         line = f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: {why}"
         tr.write_line(line.splitlines()[0][:200] if line else line)
-    from harness.frontends.subprocess_driver import stuck_driver_warning
+    from harness.frontends.subprocess.driver import stuck_driver_warning
 
     warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
                                     for r in results})

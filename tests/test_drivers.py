@@ -13,7 +13,7 @@ from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, FrontendDriver
 from harness.frontends.reference import ReferenceDriver
 from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
-from harness.frontends.subprocess_driver import SubprocessDriver
+from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.leaks import leaks_since, snapshot
 from harness.verdicts import CaseSpec, Level, Verdict
 from mock_engines.script import EngineScript, UtilityReply, by_prompt
@@ -248,7 +248,7 @@ def test_stderr_capture_keeps_the_head_and_the_tail() -> None:
 
 
 def test_stuck_drivers_add_up_to_one_run_level_warning() -> None:
-    from harness.frontends.subprocess_driver import stuck_driver_warning
+    from harness.frontends.subprocess.driver import stuck_driver_warning
 
     notes = {"a[x]": ["teardown: driver ignored `shutdown` and SIGTERM; killed (SIGKILL) "
                       "after 7.0 s"],

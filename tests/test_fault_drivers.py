@@ -31,7 +31,7 @@ import pytest
 from harness import process_tree
 from harness.case_context import run_case
 from harness.frontends.registry import REFERENCE_SUBPROCESS
-from harness.frontends.subprocess_driver import SubprocessDriver
+from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.verdicts import Verdict
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
@@ -88,7 +88,7 @@ def marked_processes(token: str) -> list[int]:
 
 def frontend_for(fault: Fault, tag: str) -> str:
     python = os.path.relpath(sys.executable, ROOT)  # a relative command, with a slash
-    return (f"subprocess:{python} -m harness.frontends.driver_main "
+    return (f"subprocess:{python} -m harness.frontends.subprocess.program "
             f"--fault {fault.env.format(tag=tag)}")
 
 

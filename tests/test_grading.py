@@ -14,8 +14,8 @@ from harness.frontends.driver import (
     StartupHang,
     UnsupportedOperation,
 )
-from harness.frontends.driver_protocol import DriverProtocolError
-from harness.frontends.subprocess_driver import DriverProgramFault
+from harness.frontends.subprocess.driver import DriverProgramFault
+from harness.frontends.subprocess.protocol import DriverProtocolError
 from harness.grading import (
     GRADES,
     CaseUnmet,

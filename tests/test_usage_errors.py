@@ -121,7 +121,7 @@ def test_slash_in_subprocess_command_keeps_every_verdict(tmp_path: Path) -> None
     python = os.path.relpath(sys.executable, ROOT)
     if not python.startswith("."):
         python = "./" + python
-    frontend = f"subprocess:{python} -m harness.frontends.driver_main"
+    frontend = f"subprocess:{python} -m harness.frontends.subprocess.program"
     proc = run_pytest(tmp_path, "-k", "streaming", "--frontend", frontend,
                       env={"COREWIRE_DRIVER_FAULT": "crash_on:generate"})
     assert proc.returncode == 1, proc.stdout[-2000:]

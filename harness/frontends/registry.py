@@ -13,7 +13,7 @@ from typing import TypeVar
 from harness.frontends.driver import FrontendDriver
 from harness.timing import DEFAULT, Timescale
 
-REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.driver_main"]
+REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.subprocess.program"]
 
 
 KNOWN = ("reference", "reference-subprocess", "vllm-rs", "vllm-py")
@@ -120,7 +120,7 @@ def _build_driver(spec: str) -> FrontendDriver:
 
         return ReferenceDriver()
     if parsed.kind in ("reference-subprocess", "subprocess"):
-        from harness.frontends.subprocess_driver import SubprocessDriver
+        from harness.frontends.subprocess.driver import SubprocessDriver
 
         command = (shlex.split(parsed.argument) if parsed.argument
                    else REFERENCE_SUBPROCESS)

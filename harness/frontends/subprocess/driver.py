@@ -36,14 +36,14 @@ from harness.frontends.driver import (
     UnsupportedOperation,
     check_generate_options,
 )
-from harness.frontends.driver_protocol import (
+from harness.frontends.stderr_capture import StderrCapture
+from harness.frontends.subprocess.protocol import (
     MAX_LINE,
     PROTOCOL,
     DriverProtocolError,
     decode_line,
     encode_line,
 )
-from harness.frontends.stderr_capture import StderrCapture
 
 if TYPE_CHECKING:
     from harness.frontends.engine_side import EngineSide

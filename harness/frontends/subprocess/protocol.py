@@ -16,8 +16,9 @@ from harness.frontends.driver import DriverFault
 PROTOCOL = "corewire-driver/1"
 MAX_LINE = 1 << 20  # a line longer than this is a protocol violation
 
-COMMANDS = ("init", "wait_ready", "generate", "drop", "abort", "is_sleeping",
-            "reset_prefix_cache", "utility", "cancel", "observed_config", "shutdown")
+COMMANDS = ("init", "wait_ready", "generate", "open_session", "continue_session",
+            "close_session", "drop", "abort", "is_sleeping", "reset_prefix_cache", "utility",
+            "cancel", "observed_config", "shutdown")
 EVENTS = ("output", "finished")
 
 

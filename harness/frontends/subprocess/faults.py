@@ -1,0 +1,218 @@
+"""Misbehaviour injected into the driver program, for the harness's own fault tests.
+
+`COREWIRE_DRIVER_FAULT` (or `--fault SPEC`, so that faults can differ between the frontends
+of one run) holds one or more faults separated by commas:
+
+- `exit_at_start` (exit code 4 before reading anything), `crash_on:CMD` (exit code 3 when
+  CMD arrives), `hang_on:CMD` (CMD is never answered);
+- stdout broken on CMD instead of its reply: `garbage_on:CMD`, `stray_text_on:CMD`,
+  `huge_line_on:CMD` (a 2 MiB line), `wrong_id_on:CMD` (the reply names another id),
+  `truncated_json_on:CMD` (a reply cut off mid-object); `stray_mid_stream` (a non-JSON line
+  right after a stream's first output event);
+- processes left behind: `grandchild:TAG` (a child in the program's process group, holding
+  its stdout), `setsid_grandchild:TAG` (a daemon that double-forked into its own session),
+  `respawning_grandchild:TAG` (a child that, on SIGTERM, starts a new daemon before exiting);
+- `ignore_shutdown` (never answers `shutdown`, ignores SIGTERM and the end of stdin),
+  `flood_stderr:MB` (writes MB megabytes to stderr at start);
+- older or buggy programs: `old_protocol` (a first-release program: none of the later
+  capabilities, a plain "unknown command" error for later commands), `plain_unknown:CMD`
+  (every capability declared, but CMD answered with a plain "unknown command" error),
+  `bug_on:CMD` (CMD's handler raises an AttributeError: a bug of the program, which exits
+  with code 70 -- never an "unsupported" answer).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from types import FrameType
+from typing import Any, BinaryIO, NoReturn
+
+from harness.frontends.driver import Capability
+from harness.frontends.subprocess.protocol import encode_line
+from harness.transport.endpoints import PrivateIpcDir
+
+FAULT_VARIABLE = "COREWIRE_DRIVER_FAULT"
+# What a first-release driver program declares (the `old_protocol` fault).
+OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_cache",
+                    "dp_rank", "stop_strings", "max_model_len", "block_size",
+                    "num_gpu_blocks", "request_errors", "engine_death")
+# Commands a first-release program does not know.
+LATER_COMMANDS = ("utility", "cancel")
+EXIT_AT_START = 4
+EXIT_CRASH = 3
+
+
+def log(text: str) -> None:
+    """The program's log line (stderr: stdout carries only protocol messages)."""
+    print(f"[driver program] {text}", file=sys.stderr, flush=True)
+
+
+def release_ipc_dirs() -> None:
+    """Remove the private ipc dirs the driver still holds (a graceful shutdown has already
+    removed them; an abrupt exit must not leave them behind)."""
+    for path in sorted(PrivateIpcDir.live):
+        shutil.rmtree(path, ignore_errors=True)
+        PrivateIpcDir.live.discard(path)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit at once (no cleanup of the driver, no flushing): only the ipc dirs go."""
+    release_ipc_dirs()
+    os._exit(code)
+
+
+def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """SIGTERM ends the program as its default action would, without leaving ipc dirs."""
+    exit_now(128 + signal.SIGTERM)
+
+
+def ignore_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """`ignore_shutdown`: SIGTERM is ignored (the ipc dirs still go: SIGKILL comes next)."""
+    release_ipc_dirs()
+    log("injected: ignoring SIGTERM")
+
+
+class Faults:
+    """The faults injected into this run of the program (none in normal use)."""
+
+    def __init__(self, spec: str = "") -> None:
+        self.items = [f for f in spec.split(",") if f]
+        self._strayed = False  # stray_mid_stream: the stray line is written once
+
+    @classmethod
+    def from_environment(cls, argument: str = "") -> Faults:
+        """COREWIRE_DRIVER_FAULT and the `--fault` argument together."""
+        return cls(",".join(filter(None, [os.environ.get(FAULT_VARIABLE, ""), argument])))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.items
+
+    def targets(self, kind: str) -> list[str]:
+        """The targets of every injected fault of this kind (`kind:target`)."""
+        return [f.partition(":")[2] for f in self.items if f.partition(":")[0] == kind]
+
+    # ------------------------------------------------------------------ per command
+
+    def intercept(self, cmd: str, cid: Any, out: BinaryIO) -> bool:
+        """Apply an injected fault for `cmd`; True if the command must not be answered."""
+        if cmd == "shutdown" and "ignore_shutdown" in self.items:
+            log("injected: ignoring shutdown")
+            return True
+        kind = next((f.partition(":")[0] for f in self.items if f.partition(":")[2] == cmd),
+                    None)
+        if kind == "crash_on":
+            log(f"injected crash on {cmd}")
+            exit_now(EXIT_CRASH)
+        if kind == "hang_on":
+            log(f"injected hang on {cmd}")
+            return True
+        if kind == "garbage_on":
+            out.write(b"\x00\xffnot json at all\n")
+        elif kind == "huge_line_on":  # a 2 MiB protocol line: over the 1 MiB limit
+            out.write(b'{"pad": "' + b"x" * (2 << 20) + b'"}\n')
+        elif kind == "stray_text_on":
+            out.write(b"some library printed this to stdout\n")
+        elif kind == "wrong_id_on":
+            out.write(encode_line({"id": int(cid) + 1000, "ok": True}))
+        elif kind == "truncated_json_on":
+            out.write(f'{{"id": {cid}, "ok": tr\n'.encode())
+        else:
+            return False
+        out.flush()
+        return True
+
+    def plain_unknown(self, cmd: str) -> bool:
+        """An older program's answer to a command it does not know (no `unsupported`)."""
+        return (("old_protocol" in self.items and cmd in LATER_COMMANDS)
+                or cmd in self.targets("plain_unknown"))
+
+    def buggy(self, cmd: str) -> bool:
+        """`bug_on:CMD`: the handler of CMD has a bug (see `raise_a_bug`)."""
+        return cmd in self.targets("bug_on")
+
+    def after_emit(self, message: dict[str, Any], out: BinaryIO) -> None:
+        """`stray_mid_stream`: a library's line right after a stream's first output."""
+        if ("stray_mid_stream" in self.items and message.get("event") == "output"
+                and not self._strayed):
+            self._strayed = True
+            log("injected stray stdout line mid-stream")
+            out.write(b"INFO loaded 3 adapters\n")
+
+    def capabilities(self, declared: Iterable[Capability]) -> list[str]:
+        """What the program declares at init: its driver's capabilities, or a first
+        release's under `old_protocol`."""
+        if "old_protocol" in self.items:
+            return list(OLD_CAPABILITIES)
+        return sorted(c.value for c in declared)
+
+    # ------------------------------------------------------------------ at start
+
+    def at_start(self, out: BinaryIO) -> int | None:
+        """Faults that act before any command; an exit code to exit with at once, or None."""
+        if "exit_at_start" in self.items:
+            log("injected exit at start")
+            return EXIT_AT_START
+        signal.signal(signal.SIGTERM, ignore_sigterm if "ignore_shutdown" in self.items
+                      else on_sigterm)
+        leave_children(self, out)
+        for size in self.targets("flood_stderr"):
+            flood_stderr(float(size))
+        return None
+
+
+def raise_a_bug(_message: dict[str, Any]) -> None:
+    """The handler of a `bug_on` command: an AttributeError, as a real bug would raise."""
+    missing: Any = None
+    missing.attribute_that_is_not_there  # noqa: B018 - the injected AttributeError
+
+
+def leave_children(faults: Faults, out: BinaryIO) -> None:
+    """The injected children a sloppy program leaves behind (they inherit stderr)."""
+    for tag in faults.targets("grandchild"):  # in the program's group, holding its stdout
+        child = spawn([sys.executable, "-c", f"import time; time.sleep(300)  # {tag}"],
+                      stdout=out.fileno())
+        log(f"injected grandchild pid {child.pid}")
+    for tag in faults.targets("setsid_grandchild"):  # a daemon: new session, orphaned at once
+        spawn_and_wait_ready([sys.executable, "-c",
+                              "import os, time\nos.setsid()\nif os.fork() == 0:\n"
+                              "    print('ready', flush=True)\n"
+                              f"    time.sleep(300)  # {tag}\nos._exit(0)"])
+        log("injected setsid grandchild")
+    for tag in faults.targets("respawning_grandchild"):  # on SIGTERM: a new daemon, then exit
+        spawn_and_wait_ready([sys.executable, "-c", RESPAWNER.replace("TAG", tag)])
+        log("injected respawning grandchild")
+
+
+def spawn(argv: Sequence[str], stdout: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(argv), stdout=stdout)
+
+
+def spawn_and_wait_ready(argv: Sequence[str]) -> None:
+    """Start a child and wait for its "ready" line (it runs, its handlers are in place)."""
+    child = subprocess.Popen(list(argv), stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    child.stdout.readline()
+
+
+RESPAWNER = """import signal, subprocess, sys, time
+def respawn(*_):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # TAG"],
+                     start_new_session=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def flood_stderr(megabytes: float) -> None:
+    line = b"[driver program] flood " + b"." * 100 + b"\n"
+    for _ in range(int(megabytes * (1 << 20)) // len(line)):
+        sys.stderr.buffer.write(line)
+    sys.stderr.buffer.write(b"[driver program] flood done\n")
+    sys.stderr.buffer.flush()
