@@ -46,10 +46,8 @@ def _detail_id(case_id: str, frontend: str) -> str:
 def render_html(doc: ResultsDocument) -> str:
     results = doc.results
     meta = doc.meta
-    frontends = sorted({r.frontend for r in results})
-    cases: dict[str, dict[str, CaseResult]] = {}
-    for r in results:
-        cases.setdefault(r.case_id, {})[r.frontend] = r
+    frontends = doc.frontends()
+    cases = doc.by_case()
     counts: dict[str, int] = {}
     for r in results:
         counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1

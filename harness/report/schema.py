@@ -67,6 +67,17 @@ class ResultsDocument(msgspec.Struct):
     meta: RunMeta
     results: list[CaseResult]
 
+    def frontends(self) -> list[str]:
+        """The frontends of the run, sorted: the columns of every matrix view."""
+        return sorted({r.frontend for r in self.results})
+
+    def by_case(self) -> dict[str, dict[str, CaseResult]]:
+        """case id -> frontend -> row: the rows of every matrix view, in document order."""
+        table: dict[str, dict[str, CaseResult]] = {}
+        for r in self.results:
+            table.setdefault(r.case_id, {})[r.frontend] = r
+        return table
+
 
 class _Rows(msgspec.Struct):
     """What `corewire diff` needs of a document: the rows (any meta, even none)."""
