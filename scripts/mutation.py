@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.mutation.sample import (  # noqa: E402
     CORE_PATH,
+    SampleError,
     SampleMutant,
     function_lines,
     run_sample,
@@ -458,7 +459,10 @@ def cmd_sample() -> int:
         if r.path != CORE_PATH or r.status != "killed" or len(r.removed) != 1 \
                 or len(r.added) != 1:
             continue
-        body = [core_lines[i].strip() for i in function_lines(core_lines, r.function)]
+        try:
+            body = [core_lines[i].strip() for i in function_lines(core_lines, r.function)]
+        except SampleError:  # the function moved out of core.py (or away) since the run
+            continue
         if body.count(r.removed[0]) == 1:  # a patch that applies without ambiguity
             by_function.setdefault(r.function, []).append(r)
     functions = sorted(by_function)
