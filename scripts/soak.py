@@ -94,6 +94,8 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true",
                         help="continue the soak recorded in the log instead of starting anew")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the record's Notes (what happened around the soak)")
     args = parser.parse_args()
     args.frontend = args.frontend or ["reference", "reference-subprocess"]
     report_root = Path(args.report_root)
@@ -131,6 +133,9 @@ def main() -> int:
                   flush=True)
         finally:
             stop_load(load)
+    if args.note:
+        config["notes"] = list(config.get("notes", [])) + args.note
+        config_path.write_text(json.dumps(config, indent=1))
     summary = compare(runs)
     Path(args.out).write_text(render_soak(summary, config))
     print(f"{summary.identical_runs}/{len(runs)} identical -> {args.out}")

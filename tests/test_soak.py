@@ -60,8 +60,10 @@ def test_rendered_record_states_result_changes_and_runs() -> None:
     moved = {**BASE, "abort.drop.single[reference]": "FAIL"}
     text = render_soak(compare([run(1, BASE), run(2, moved)]),
                        {"frontends": ["reference"], "workers": 2, "load_procs": 2,
-                        "load_nice": 5, "cpus": 2, "command": "python scripts/soak.py"})
+                        "load_nice": 5, "cpus": 2, "command": "python scripts/soak.py",
+                        "notes": ["stopped early"]})
     assert "**Result: 1/2 runs identical to run 1; 1 verdict changes" in text
     assert "| 2 | `abort.drop.single[reference]` | PASS | FAIL |" in text
     assert "2 busy-loop processes at nice 5 on a 2-CPU machine" in text
+    assert "## Notes\n\n- stopped early\n" in text
     assert text.count("\n| 1 | 0 |") == 1 and text.count("\n| 2 | 0 |") == 1

@@ -114,6 +114,8 @@ def render_soak(summary: SoakSummary, config: dict[str, Any]) -> str:
         f"{dict(sorted(Counter(run.exit_code for run in runs).items()))}.**",
         "",
     ]
+    if config.get("notes"):
+        lines += ["## Notes", ""] + [f"- {note}" for note in config["notes"]] + [""]
     if summary.changes:
         lines += ["## Verdict changes", "", "| run | item | run 1 | this run |",
                   "|---|---|---|---|"]
