@@ -18,20 +18,13 @@ from harness.frontends.reference.core import MAX_ABORT_BATCH, EngineDeadError, R
 from harness.transport.sockets import engine_identity
 from harness.wire import DEFAULT_CODEC
 from harness.wire import messages as m
-from mock_engines.engine import MockEngineCore
-from mock_engines.script import EngineScript, default_ready
+from tests.reference_cores import ready_core
 
 RANKS = (0, 1)
 
 
 def _core() -> ReferenceFrontendCore:
-    core = ReferenceFrontendCore(list(RANKS), codec=DEFAULT_CODEC)
-    for rank in RANKS:
-        engine = MockEngineCore(rank, EngineScript(ready=default_ready(rank, len(RANKS))),
-                                dp_size=len(RANKS))
-        core.on_ready(engine_identity(rank), engine.ready_payload())
-    assert core.registered
-    return core
+    return ready_core(RANKS)
 
 
 def _reply(call_id: int, rank: int, value: object) -> list[bytes]:

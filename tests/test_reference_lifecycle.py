@@ -19,20 +19,14 @@ from harness.transport.sockets import engine_identity
 from harness.vocab import token_text
 from harness.wire import DEFAULT_CODEC, AbortRequests
 from harness.wire import messages as m
-from mock_engines.engine import MockEngineCore
-from mock_engines.script import EngineScript, default_ready
+from tests.reference_cores import ready_core
 
 RANKS = (0, 1)
 STOP_TOKEN = 7  # its text is the stop string of the stop-string requests
 
 
 def _core() -> ReferenceFrontendCore:
-    core = ReferenceFrontendCore(list(RANKS), codec=DEFAULT_CODEC)
-    for rank in RANKS:
-        engine = MockEngineCore(rank, EngineScript(ready=default_ready(rank, len(RANKS))),
-                                dp_size=len(RANKS))
-        core.on_ready(engine_identity(rank), engine.ready_payload())
-    return core
+    return ready_core(RANKS)
 
 
 def _add(core: ReferenceFrontendCore, rank: int = 0, stop: bool = False
