@@ -22,7 +22,7 @@ from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.leaks import observe_temp_sockets
 from harness.report.excerpt import transcript_excerpt
-from harness.timing import Timescale, use_in_case
+from harness.timing import Timescale, poll_until, use_in_case
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
@@ -95,12 +95,7 @@ class CaseContext:
     async def wait_until(self, predicate: Callable[[], bool], timeout: float,
                          interval: float = 0.005) -> bool:
         """Poll a condition for at most `timeout` (scaled) seconds."""
-        deadline = time.monotonic() + self.t(timeout)
-        while not predicate():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(interval)
-        return True
+        return await poll_until(predicate, self.t(timeout), interval)
 
     async def quiet(self, seconds: float) -> None:
         """Let a window pass (for 'nothing more arrives' checks), scaled."""

@@ -18,9 +18,11 @@ sans-IO and owns no driver): it scales by the factor of the case that runs it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 ENV_VAR = "COREWIRE_TIMESCALE"
@@ -86,3 +88,15 @@ def scaled(seconds: float) -> float:
     """`seconds` scaled by the running case's factor (see the module docstring: for code
     that is not handed a Timescale)."""
     return _IN_CASE.get().scaled(seconds)
+
+
+async def poll_until(predicate: Callable[[], bool], timeout: float,
+                     interval: float = 0.005) -> bool:
+    """Poll `predicate` every `interval` s for at most `timeout` s (already scaled by the
+    caller); True as soon as it holds. The one polling loop of cases and transcripts."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(interval)
+    return True

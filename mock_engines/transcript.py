@@ -7,13 +7,12 @@ hex) for reports. Appends happen on engine threads; readers take snapshots.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.timing import poll_until
 from harness.wire import (
     DEFAULT_CODEC,
     AbortRequests,
@@ -204,13 +203,7 @@ class Transcript:
     async def wait_for(self, predicate: Callable[[Transcript], bool], timeout: float,
                        interval: float = 0.005) -> bool:
         """Poll `predicate` until true or `timeout` seconds pass; returns the last result."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if predicate(self):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(interval)
+        return await poll_until(lambda: predicate(self), timeout, interval)
 
     def to_json(self, records: Iterable[Record] | None = None) -> list[dict[str, Any]]:
         recs = self.snapshot() if records is None else list(records)
