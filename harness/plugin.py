@@ -351,6 +351,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             else r.message
         line = f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: {why}"
         tr.write_line(line.splitlines()[0][:200] if line else line)
+    for problem in run.outside:  # not a case's verdict, but it fails the run (exit 1)
+        tr.write_line(f"ERROR outside any case: {problem}"[:2000], red=True)
     from harness.frontends.subprocess.driver import stuck_driver_warning
 
     warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes

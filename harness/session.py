@@ -32,10 +32,14 @@ class CorewireSession:
     results: list[CaseResult] = field(default_factory=list)
     failing: dict[tuple[str, str], str] = field(default_factory=dict)  # -> why it fails
     partial: str | None = None  # why the run stopped early, once it has ended
+    # Errors outside any case (a leak found at session end, a fixture fault): nodeid, phase
+    # and message, for the one line each the terminal summary gives them.
+    outside: list[str] = field(default_factory=list)
 
     def clear(self) -> None:
         self.results.clear()
         self.failing.clear()
+        self.outside.clear()
         self.partial = None
 
     @pytest.hookimpl(trylast=True)
@@ -46,6 +50,8 @@ class CorewireSession:
         Runs after JUnit has taken the captured evidence (system-out); the terminal then
         drops it, so a failing case is one line there, not pages of transcript."""
         value = getattr(report, PROPERTY, None)
+        if report.when != "call" and report.failed:
+            self.outside.append(f"{report.nodeid} ({report.when}): {_crash_message(report)}")
         if report.when != "call" or value is None:
             return
         result = decode_result(value)
@@ -54,6 +60,13 @@ class CorewireSession:
             self.failing[(result.case_id, result.frontend)] = str(report.longrepr)
         if not self.worker:  # a worker ships the evidence to the controller
             report.sections = [s for s in report.sections if not s[0].startswith("Captured")]
+
+
+def _crash_message(report: pytest.TestReport) -> str:
+    """The exception line of a failed report (pytest's own summary cuts it to the width)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None) or str(report.longrepr).strip()
+    return " ".join(message.split())
 
 
 SESSION = pytest.StashKey[CorewireSession]()
