@@ -42,6 +42,12 @@ def stop_load(load: list[subprocess.Popen[bytes]]) -> None:
         proc.wait(timeout=10)
 
 
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    """SIGTERM (a CI cancel) stops the soak as Ctrl-C does: the run in progress is handed
+    the signal, the load is stopped, and what was measured is rendered."""
+    raise KeyboardInterrupt
+
+
 def one_run(index: int, args: argparse.Namespace, report_root: Path) -> SoakRun:
     report_dir = report_root / f"run-{index:02d}"
     argv = [str(ROOT / ".venv/bin/corewire"), "run", "-n", str(args.workers),
@@ -118,7 +124,7 @@ def main() -> int:
     runs = read_log(log_path.read_text()) if log_path.exists() else []
     if not args.render_only:
         load = start_load(args.load_procs, args.load_nice)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
             for index in range(len(runs) + 1, args.runs + 1):
                 run = one_run(index, args, report_root)
