@@ -205,3 +205,75 @@ class UtilityExtraArg(ReferenceFrontendCore):
     def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
                                                                        list[Send]]:
         return super().start_utility(method, [*args, self.client_index])
+
+
+# ----------------- utility results: values changed on their way to the caller
+
+
+def _strip_nulls(value: Any) -> Any:
+    """A serialiser that skips null fields (serde skip_serializing_if, Go omitempty)."""
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _as_double(value: Any) -> Any:
+    """Every number decoded into a float64 (a dynamic-language port's JSON-like value)."""
+    if isinstance(value, dict):
+        return {k: _as_double(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_double(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+class FlattenDropsNulls(ReferenceFrontendCore):
+    """collective_rpc / compute_weight_checksums skip null worker results while flattening
+    (filter_map over Option values)."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        result = super().aggregate(method, values)
+        if self.aggregation.get(method) is Aggregation.FLATTEN:
+            return [v for v in result if v is not None]
+        return result
+
+
+class FlattenRecursive(ReferenceFrontendCore):
+    """Flattening goes all the way down: a worker's own list result is spliced in too."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        if self.aggregation.get(method) is not Aggregation.FLATTEN:
+            return super().aggregate(method, values)
+        flat: list[Any] = []
+        pending = list(reversed(values))
+        while pending:
+            item = pending.pop()
+            if isinstance(item, list):
+                pending.extend(reversed(item))
+            else:
+                flat.append(item)
+        return flat
+
+
+class UtilityMapNullsOmitted(ReferenceFrontendCore):
+    """Map entries whose value is null vanish from utility results."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        return _strip_nulls(super().aggregate(method, values))
+
+
+class UtilityNumbersAsDouble(ReferenceFrontendCore):
+    """Integers in utility results come back as floats (1 -> 1.0, 2**53 + 1 rounded)."""
+
+    def aggregate(self, method: str, values: list[Any]) -> Any:
+        return _as_double(super().aggregate(method, values))
+
+
+class WeightChecksumsEngineZero(ReferenceFrontendCore):
+    """compute_weight_checksums answered with engine 0's workers only (call_utility_async
+    instead of call_utility_all_async)."""
+
+    aggregation = _table(compute_weight_checksums=Aggregation.FIRST)
