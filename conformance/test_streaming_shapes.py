@@ -224,6 +224,47 @@ _make_finished_without_output("before_first_token", [])
 _make_finished_without_output("after_tokens", [100, 101])
 
 
+def _make_retired_not_aborted(phase: str, tokens: list[int]) -> None:
+    @case(f"streaming.finished_requests.without_final_output_not_aborted_{phase}",
+          Level.MUST,
+          f"A request the engine names in finished_requests without a final output ({phase}) "
+          "is retired engine-side: the frontend sends no ABORT for it on its own, whether "
+          "it ends the stream with an error (Rust) or keeps it open (Python).",
+          source=("rust-client.md §4.1 #8 finished_requests_without_final_output_is_treated_"
+                  "as_unexpected_close; " + FINISHED_SRC), needs=GEN)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        steps = [*(Emit([t], 0.02) for t in tokens), FinishedOnly(0.05)]
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        h = await ctx.driver.generate(p, 10)
+        found = await ctx.wait_until(lambda: request_for(group, p) is not None, 3)
+        ctx.require(found, expected="the request's ADD", observed="no ADD within 3 s")
+        owner = request_for(group, p)
+        assert owner is not None
+        rid = owner[1]
+        named = await ctx.wait_until(lambda: any(
+            rid in (r.message.finished_requests or [])
+            for r in group.transcript.select(direction="out", channel="output")
+            if isinstance(r.message, m.EngineCoreOutputs)), 3)
+        ctx.require(named, expected="the engine named the request in finished_requests",
+                    observed="not sent within 3 s (harness fault)")
+        await ctx.wait_until(lambda: h.ended, 1.0)  # a frontend that ends it does so now
+        await ctx.quiet(0.5)  # an ABORT sent on the stream's close lands by now
+        aborted = group.transcript.aborted_ids()
+        ctx.note(f"stream {'ended ' + repr(h.finish_reason) if h.ended else 'still open'}, "
+                 f"tokens {h.tokens}")
+        ctx.require(rid not in aborted,
+                    expected=f"no ABORT for the retired request {rid}",
+                    observed=f"ABORTed ids {aborted}")
+
+    run.__name__ = run.__qualname__ = f"retired_not_aborted_{phase}"
+    globals()[run.__name__] = run
+
+
+_make_retired_not_aborted("before_first_token", [])
+_make_retired_not_aborted("after_tokens", [100, 101])
+
+
 # ----------------------------------------------------------------- aux frames
 
 

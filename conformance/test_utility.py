@@ -10,13 +10,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt
+from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
 from harness.verdicts import Level, case
 from harness.vllm_dist import tiny_lora_dir
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
+from mock_engines.script import (
+    Emit,
+    EngineScript,
+    Finish,
+    UtilityReply,
+    any_request,
+    by_prompt,
+    default_ready,
+    stream,
+)
 
 SPEC = "protocol-python.md §5.4 (0.33.0)"
 
@@ -420,6 +429,43 @@ async def duplicate_refused(ctx: CaseContext) -> None:
     ctx.require(refusal is not None and len(ids) == 1,
                 expected="the duplicate refused, one ADD", observed=f"refusal {refusal!r}, "
                 f"ADD ids {ids}")
+
+
+@case("utility.request_id.duplicate_live_first_unchanged", Level.MUST,
+      "After a second request reusing a live request's client id is refused (Rust) or "
+      "renamed (Python), the first request's stream still completes with its own tokens "
+      "and finish reason, and draws no ABORT (the duplicate's clean-up must not touch it).",
+      source=IDS, needs=RID)
+async def duplicate_first_unchanged(ctx: CaseContext) -> None:
+    first_prompt, second_prompt = prompt(0), prompt(1)
+    group = await ctx.start([EngineScript(rules=[
+        by_prompt(first_prompt, [Emit([100]), Emit([101], 0.6),
+                                 Finish(m.FinishReason.LENGTH, [102], 0.05)]),
+        by_prompt(second_prompt, stream([300, 301], 0.02))])])
+    first = await ctx.driver.generate(first_prompt, 3, request_id="cw-dup-2")
+    await first.wait_first(ctx.t(5.0))
+    second_note = "refused"
+    try:
+        second = await ctx.driver.generate(second_prompt, 2, request_id="cw-dup-2")
+        await second.wait(ctx.t(5.0))
+        second_note = (f"ended {second.finish_reason!r} with {second.tokens}"
+                       + (f", error {second.error!r}" if second.error else ""))
+    except UnsupportedOperation:
+        raise
+    except FrontendError as exc:
+        second_note = f"refused: {exc}"
+    ctx.note(f"the duplicate: {second_note}")
+    await first.wait(ctx.t(5.0))
+    owner = request_for(group, first_prompt)
+    aborted = group.transcript.aborted_ids()
+    ctx.require(first.ended and first.error is None and first.tokens == [100, 101, 102]
+                and first.finish_reason == "length",
+                expected="the first stream: [100, 101, 102], finish 'length', no error",
+                observed=f"ended {first.ended}, finish {first.finish_reason!r}, tokens "
+                         f"{first.tokens}, error {first.error!r}")
+    ctx.require(owner is not None and owner[1] not in aborted,
+                expected="no ABORT for the first request",
+                observed=f"first request {owner}, ABORTed ids {aborted}")
 
 
 @case("utility.request_id.reuse_after_finish", Level.MUST,

@@ -61,6 +61,31 @@ for _rr, _rc in ((True, False), (False, True), (True, True)):
     _make_reset()
 
 
+# ---------------------------------------------------------------- wake_up tags
+
+WAKE = "core_client.py wake_up(tags) (0.33.0); rust-client.md §1.7; vllm-rs /wake_up?tags="
+
+for _tags in (["weights"], ["weights", "kv_cache"]):
+    def _make_tags(tags: list[str] = _tags) -> None:
+        @case(f"utility.wake_up.tags_forwarded_{len(tags)}", Level.MUST,
+              f"wake_up(tags={tags}) reaches each of 2 engines once with args [{tags}]: the "
+              "tags as one list, in the caller's order (not dropped, not split, not "
+              "replaced by null).", source=WAKE, needs=CALL)
+        async def tags_forwarded(ctx: CaseContext) -> None:
+            group = await ctx.start(_engines(2, "wake_up", UtilityReply(True)))
+            before = {e.rank: len(group.transcript.utility_calls("wake_up", rank=e.rank))
+                      for e in group.engines}
+            await ctx.driver.call_utility("wake_up", [tags])
+            seen = {e.rank: [c.message.args for c in group.transcript.utility_calls(
+                "wake_up", rank=e.rank)[before[e.rank]:]] for e in group.engines}
+            ctx.require(seen == {0: [[tags]], 1: [[tags]]},
+                        expected=f"engines 0 and 1 each get one wake_up with args [{tags}]",
+                        observed=seen)
+
+        globals()[f"wake_up_tags_{len(tags)}"] = tags_forwarded
+    _make_tags()
+
+
 # ---------------------------------------------------------------- folds at every count
 
 def _fold_case(case_id: str, requirement: str, method: str, args: list[Any], answer: Any,

@@ -255,6 +255,12 @@ MUTANTS: dict[str, Mutant] = _by_name([
            mu.FailureIgnoredWhenOthersAnswer),
     Mutant("negative_call_id_fatal", "utility replies with call id -1/-2 kill the client",
            mu.NegativeCallIdFatal),
+    Mutant("duplicate_refusal_aborts_first", "refusing a live duplicate id aborts the "
+           "live request with that id", mu.DuplicateRefusalAbortsFirst),
+    Mutant("wake_up_tags_dropped", "wake_up's tags never reach the engines",
+           mu.WakeUpTagsDropped),
+    Mutant("retired_request_dropped", "a request retired without a final output is "
+           "dropped and aborted", ms.RetiredRequestDropped),
     Mutant("duplicate_request_id_sent", "a live duplicate client id is sent to the engine",
            mu.DuplicateIdNotChecked),
     Mutant("request_id_never_reusable", "a finished request's client id is refused",

@@ -340,3 +340,11 @@ class SchedulerStatsFatal(ReferenceFrontendCore):
             self.mark_dead("unexpected scheduler_stats")
             return []
         return super().on_output(frames)
+
+
+class RetiredRequestDropped(ReferenceFrontendCore):
+    """A request the engine retired without a final output is handled like a client drop:
+    its stream is closed and an ABORT goes out for an id the engine no longer has."""
+
+    def retired_without_output(self, rid: str) -> None:
+        self.queue_drop([rid])

@@ -70,6 +70,26 @@ class NegativeCallIdFatal(ReferenceFrontendCore):
         return super().on_utility_output(engine_index, out)
 
 
+class DuplicateRefusalAbortsFirst(ReferenceFrontendCore):
+    """Refusing a live duplicate id cleans up "that id": the live request with it is
+    dropped and aborted (a failed stream's drop guard that aborts by id)."""
+
+    def assign_request_id(self, request_id: str | None) -> str:
+        try:
+            return super().assign_request_id(request_id)
+        except DuplicateRequestId:
+            self.queue_drop([request_id] if request_id is not None else [])
+            raise
+
+
+class WakeUpTagsDropped(ReferenceFrontendCore):
+    """wake_up always goes out as wake_up(None): the caller's tags never reach the engines."""
+
+    def start_utility(self, method: str, args: Sequence[Any]
+                      ) -> tuple[PendingUtility, list[Send]]:
+        return super().start_utility(method, [None] if method == "wake_up" else args)
+
+
 class DuplicateIdNotChecked(ReferenceFrontendCore):
     """A client-chosen id is sent as is, live duplicate or not."""
 
