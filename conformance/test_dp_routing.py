@@ -11,9 +11,10 @@ in-flight count; Rust `client/state.rs` routing_score = inflight before stats ar
 from __future__ import annotations
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
+from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import Capability, FrontendError, StreamHandle
 from harness.verdicts import Level, case
+from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, any_request, by_prompt
 
 RANGE = ("vllm/v1/engine/input_processor.py:396-400 (0.33.0); rust-client.md §1.6 "
@@ -256,3 +257,34 @@ async def least_loaded_burst(ctx: CaseContext) -> None:
     ctx.require(found is not None and found[0] == 1,
                 expected="the unpinned request at engine 1 (in flight: 2, 0, 2)",
                 observed=f"at engine {found[0] if found else None}")
+
+
+@case("dp.routing.burst_even_despite_stale_snapshot", Level.SHOULD,
+      "A burst of 8 unpinned requests over 4 idle engines lands 2 per engine, also when the "
+      "coordinator publishes a stale all-idle snapshot after the first 3 (Python rotates "
+      "ties, test_dplb_burst_round_robins_despite_snapshot_rebinds; Rust counts its own "
+      "in-flight requests).", source=LB + "; core_client.py:1790-1805 (tie rotation)",
+      needs=[Capability.GENERATE])
+async def burst_even_despite_stale_snapshot(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(4)])
+    coordinator = group.coordinator
+    assert coordinator is not None, "a DP group of 4 has a mock coordinator"
+    coordinator.publishing = False  # from now on only the one stale snapshot below
+    await ctx.quiet(0.15)  # a regular publication already on its way lands first
+    prompts = [prompt(800 + i) for i in range(8)]
+    handles = [await ctx.driver.generate(p, 50) for p in prompts[:3]]
+    before = len(coordinator.transcript.select(direction="out"))
+    coordinator.inject.append(group.codec.encode_dp_stats(
+        m.DPStatsUpdate([(0, 0, 0.0)] * 4, coordinator.wave, False)))
+    stale = await ctx.wait_until(
+        lambda: len(coordinator.transcript.select(direction="out")) > before, 2)
+    ctx.require(stale, expected="a stale all-idle publication after the first 3 requests",
+                observed="none within 2 s (harness fault)")
+    await ctx.quiet(0.1)  # the frontend reads it
+    handles += [await ctx.driver.generate(p, 50) for p in prompts[3:]]
+    for h in handles:
+        await h.wait_first(ctx.t(3))
+    owners = requests_for(group, prompts) or {}
+    per_engine = [list(owners.values()).count(r) for r in range(4)]
+    ctx.require(len(owners) == 8 and per_engine == [2, 2, 2, 2],
+                expected="2 requests at each of the 4 engines", observed=per_engine)

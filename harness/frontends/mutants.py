@@ -144,6 +144,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            dp.RankUnchecked),
     Mutant("round_robin_routing", "unpinned requests rotate, ignoring in-flight load",
            dp.RoundRobinRouting),
+    Mutant("snapshot_resets_inflight", "a coordinator publication resets the in-flight "
+           "counts, ties to the lowest rank", dp.SnapshotResetsInflight),
     Mutant("pinned_not_counted", "pinned requests not counted as in flight",
            dp.PinnedNotCounted),
     Mutant("inflight_never_released", "in-flight count not released when a request ends",

@@ -62,6 +62,28 @@ class RoundRobinRouting(ReferenceFrontendCore):
         return next(self._rotation)
 
 
+class SnapshotResetsInflight(ReferenceFrontendCore):
+    """Routing scores each engine by the coordinator's last counts plus the requests sent
+    since (every publication resets them) and breaks ties by lowest rank: a stale all-idle
+    snapshot mid-burst piles the rest of the burst onto the first engines."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.since_snapshot: dict[int, int] = {}
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        super().on_dp_stats(update)
+        self.since_snapshot = {}
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        rank = min(self.engines, key=lambda r: (
+            self.engines[r].reported + self.since_snapshot.get(r, 0), r))
+        self.since_snapshot[rank] = self.since_snapshot.get(rank, 0) + 1
+        return rank
+
+
 class PinnedNotCounted(ReferenceFrontendCore):
     """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
 
