@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from harness.case_context import CaseContext
+from harness.casekit import same_value
 from harness.frontends.driver import Capability, FrontendError
 from harness.verdicts import Level, case
 from harness.vllm_dist import tiny_lora_dir
@@ -84,6 +85,45 @@ for _tags in (["weights"], ["weights", "kv_cache"]):
 
         globals()[f"wake_up_tags_{len(tags)}"] = tags_forwarded
     _make_tags()
+
+
+# ---------------------------------------------------------------- non-default arguments
+
+ARGS = ("core_client.py:1353-1356 pause_generation, :1396-1397 sleep, :1434-1443 "
+        "collective_rpc (0.33.0); rust-client.md §1.7")
+# (case suffix, method, the caller's wire args: none of them the method's defaults)
+NON_DEFAULT: tuple[tuple[str, str, list[Any]], ...] = (
+    ("sleep_level_2_wait", "sleep", [2, "wait"]),
+    ("sleep_level_1_keep", "sleep", [1, "keep"]),
+    ("pause_generation_wait_keep_cache", "pause_generation", ["wait", False]),
+    ("pause_generation_keep", "pause_generation", ["keep", True]),
+    ("collective_rpc_timeout_args_kwargs", "collective_rpc",
+     ["cw_probe", 5.0, [1, "a", None], {"k": [2], "flag": False}]),
+)
+NON_DEFAULT_ANSWER = {"sleep": None, "pause_generation": None, "collective_rpc": ["w"]}
+
+for _suffix, _method, _args in NON_DEFAULT:
+    def _make_args(suffix: str = _suffix, method: str = _method, args: list[Any] = _args
+                   ) -> None:
+        @case(f"utility.args.{suffix}", Level.MUST,
+              f"{method} called with non-default arguments reaches each of 2 engines once "
+              f"with exactly the wire args {args} (none replaced by a default, dropped or "
+              "re-typed).", source=ARGS, needs=CALL)
+        async def non_default_args(ctx: CaseContext) -> None:
+            group = await ctx.start(_engines(2, method, UtilityReply(
+                NON_DEFAULT_ANSWER[method])))
+            before = {e.rank: len(group.transcript.utility_calls(method, rank=e.rank))
+                      for e in group.engines}
+            await ctx.driver.call_utility(method, args)
+            seen = {e.rank: [c.message.args for c in group.transcript.utility_calls(
+                method, rank=e.rank)[before[e.rank]:]] for e in group.engines}
+            ok = all(len(calls) == 1 and same_value(calls[0], args)
+                     for calls in seen.values())
+            ctx.require(ok, expected=f"engines 0 and 1 each get one {method} with args "
+                                     f"{args}", observed=seen)
+
+        globals()[f"non_default_{suffix}"] = non_default_args
+    _make_args()
 
 
 # ---------------------------------------------------------------- folds at every count

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.case_context import CaseContext
+from harness.casekit import same_value
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, UtilityReply
@@ -41,18 +42,6 @@ NESTED: list[Any] = [
 # past 2**53 through a double, the 64-bit ends, non-ASCII and NUL in strings).
 SCALARS: list[Any] = [True, False, 0, 1, -1, 1.0, -0.5, 1e300, 2**53 + 1, 2**63 - 1,
                       -(2**63), 2**64 - 1, "", "ü€𝄞", "a\u0000b"]
-
-
-def same_value(seen: Any, expected: Any) -> bool:
-    """Equal and of the same JSON-like type all the way down (True is not 1, 1.0 is not 1;
-    a tuple counts as a list: a Python client may hand one out)."""
-    if isinstance(expected, list):
-        return (isinstance(seen, (list, tuple)) and len(seen) == len(expected)
-                and all(same_value(s, e) for s, e in zip(seen, expected, strict=True)))
-    if isinstance(expected, dict):
-        return (isinstance(seen, dict) and seen.keys() == expected.keys()
-                and all(same_value(seen[k], v) for k, v in expected.items()))
-    return type(seen) is type(expected) and seen == expected
 
 
 def _first_difference(seen: Any, expected: Any, where: str = "result") -> str:

@@ -8,7 +8,7 @@ transcript by prompt.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import FrontendError
 from mock_engines.group import EngineGroup
@@ -82,3 +82,15 @@ async def require_refused_later(ctx: CaseContext, seed: int,
     ctx.require(later.finish_reason == "error",
                 expected="a later request is refused (the client stays failed)",
                 observed=f"{later.finish_reason} error={later.error}")
+
+
+def same_value(seen: Any, expected: Any) -> bool:
+    """Equal and of the same JSON-like type all the way down (True is not 1, 1.0 is not 1;
+    a tuple counts as a list: a Python client may hand one out)."""
+    if isinstance(expected, list):
+        return (isinstance(seen, (list, tuple)) and len(seen) == len(expected)
+                and all(same_value(s, e) for s, e in zip(seen, expected, strict=True)))
+    if isinstance(expected, dict):
+        return (isinstance(seen, dict) and seen.keys() == expected.keys()
+                and all(same_value(seen[k], v) for k, v in expected.items()))
+    return type(seen) is type(expected) and bool(seen == expected)

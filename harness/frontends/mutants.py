@@ -261,6 +261,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "live request with that id", mu.DuplicateRefusalAbortsFirst),
     Mutant("wake_up_tags_dropped", "wake_up's tags never reach the engines",
            mu.WakeUpTagsDropped),
+    Mutant("optional_utility_args_defaulted", "optional utility arguments sent as their "
+           "defaults", mu.OptionalUtilityArgsDefaulted),
     Mutant("retired_request_dropped", "a request retired without a final output is "
            "dropped and aborted", ms.RetiredRequestDropped),
     Mutant("duplicate_request_id_sent", "a live duplicate client id is sent to the engine",

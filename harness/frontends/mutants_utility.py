@@ -90,6 +90,25 @@ class WakeUpTagsDropped(ReferenceFrontendCore):
         return super().start_utility(method, [None] if method == "wake_up" else args)
 
 
+_KEEP = object()  # a required argument: the caller's value goes out
+# What a client that never forwards optional arguments sends: each one's default.
+_OPTIONAL_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "sleep": (1, "abort"), "pause_generation": ("abort", True),
+    "collective_rpc": (_KEEP, None, _KEEP, {})}
+
+
+class OptionalUtilityArgsDefaulted(ReferenceFrontendCore):
+    """sleep's level and mode, pause_generation's mode and clear_cache, collective_rpc's
+    timeout and kwargs go out as their defaults whatever the caller asked."""
+
+    def start_utility(self, method: str, args: Sequence[Any]
+                      ) -> tuple[PendingUtility, list[Send]]:
+        defaults = _OPTIONAL_DEFAULTS.get(method)
+        if defaults is not None:
+            args = [a if d is _KEEP else d for a, d in zip(args, defaults, strict=False)]
+        return super().start_utility(method, args)
+
+
 class DuplicateIdNotChecked(ReferenceFrontendCore):
     """A client-chosen id is sent as is, live duplicate or not."""
 
