@@ -120,6 +120,8 @@ METHODS: dict[str, tuple[list[Any], Any]] = {
     "pin_lora": ([1], True),
     "reset_mm_cache": ([], None),
     "reset_encoder_cache": ([], None),
+    "set_weight_version": (["cw-v2"], None),
+    "release_kv_cache_memory": ([], None),
 }
 
 

@@ -14,6 +14,7 @@ section 2-3 has the PyPI and source side.
 |       | `max_model_len` in /v1/models                                             |
 | 0.26.0| /reset_prefix_cache answers `{"success": bool}` (a bare 200 before)       |
 | 0.28.0| `--data-parallel-size`                                                    |
+| 0.31.0| /release_kv_cache_memory; /wake_up takes `tags` (any tags query: 400 before) |
 | 0.32.0| inherited listeners (`--input-listener-fd/--output-listener-fd`),          |
 |       | `--grpc-listen-fd` (the Control service: block_size, num_gpu_blocks)      |
 """
@@ -112,6 +113,11 @@ class RsRelease:
         return self.since("0.23.0")
 
     @property
+    def release_kv_cache_route(self) -> bool:
+        """/release_kv_cache_memory."""
+        return self.since("0.31.0")
+
+    @property
     def capabilities(self) -> frozenset[Capability]:
         lost = set()
         if not self.abort_route:
@@ -134,6 +140,9 @@ class RsRelease:
         if method == "reset_prefix_cache" and not self.reset_result:
             return (f"vllm-rs {self.version} answers /reset_prefix_cache with a bare 200: "
                     f"the aggregated result is not observable (from 0.26.0)")
+        if method == "release_kv_cache_memory" and not self.release_kv_cache_route:
+            return (f"vllm-rs {self.version} has no /release_kv_cache_memory "
+                    f"(from 0.31.0)")
         if method == "get_weight_version" and not self.grpc_control:
             return f"vllm-rs {self.version} has no gRPC Control service (from 0.32.0)"
         return None

@@ -68,6 +68,7 @@ ROUTES: dict[str, Route] = {
                             answer_key="results"),
     "reset_mm_cache": Route("POST", lambda a: "/reset_mm_cache"),
     "reset_encoder_cache": Route("POST", lambda a: "/reset_encoder_cache"),
+    "release_kv_cache_memory": Route("POST", lambda a: "/release_kv_cache_memory"),
 }
 
 # add_lora / remove_lora go through /v1/(un)load_lora_adapter: see LoraAdapters below.
