@@ -282,12 +282,15 @@ class VllmRsDriver(FrontendDriver):
 
     async def call_utility(self, method: str, args: Sequence[Any]) -> Any:
         """The dev-mode route that makes the frontend call `method` (vllm_rs_utilities);
-        get_weight_version is reachable only through the gRPC Control service, add_lora /
+        get/set_weight_version are reachable only through the gRPC Control service, add_lora /
         remove_lora through the LoRA adapter routes."""
         if (reason := self.release.missing_route(method)) is not None:
             raise UnsupportedOperation(reason)
         if method == "get_weight_version" and self.control is not None and not args:
             return await self.control.weight_version()
+        if method == "set_weight_version" and self.control is not None and len(args) == 1:
+            await self.control.update_weight_version(str(args[0]))
+            return None
         if method == "add_lora":
             return await self._lora.add(args, self._text)
         if method == "remove_lora":

@@ -24,6 +24,8 @@ engines):
   `POST /abort_requests`; an engine-facing id (`cmpl-X-<8 hex>`) and unknown ids abort
   nothing. One difference: an empty list aborts nothing here, while an empty list over HTTP
   aborts every request the frontend tracks (two live requests stayed live).
+* `UpdateWeightVersion` (`weight_version = 1`): a `set_weight_version` utility call with
+  args `[version]` to every engine, an empty response; one engine failing it fails the call.
 * `PauseGeneration`: sends utility `pause_generation` with args `["abort", true]` to the
   engines (an empty request and one with field 1 = true sent the same args). HTTP `/pause`
   exists too; not used by any case yet.
@@ -75,12 +77,15 @@ MESSAGES: dict[str, list[FieldSpec]] = {
     "IsSleepingResponse": [("is_sleeping", 1, _F.TYPE_BOOL, False)],
     "GetWeightVersionRequest": [],
     "GetWeightVersionResponse": [("weight_version", 1, _F.TYPE_STRING, False)],
+    "UpdateWeightVersionRequest": [("weight_version", 1, _F.TYPE_STRING, False)],
+    "UpdateWeightVersionResponse": [],
 }
 MESSAGE_FIELDS = {"parallelism": "ParallelismInfo"}  # message-typed fields -> their type
 METHODS: dict[str, tuple[str, str]] = {  # rpc -> (request, response)
     "GetServerInfo": ("GetServerInfoRequest", "ServerInfo"),
     "IsSleeping": ("IsSleepingRequest", "IsSleepingResponse"),
     "GetWeightVersion": ("GetWeightVersionRequest", "GetWeightVersionResponse"),
+    "UpdateWeightVersion": ("UpdateWeightVersionRequest", "UpdateWeightVersionResponse"),
 }
 
 
@@ -183,14 +188,14 @@ class ControlClient:
             raise ControlError(method, "BAD_ANSWER", f"unexpected answer {answer!r:.200}")
         return answer
 
-    async def call(self, method: str) -> Message:
-        """Call `method` with its (empty) request; the decoded response message."""
+    async def call(self, method: str, **fields: Any) -> Message:
+        """Call `method` with a request of these fields; the decoded response message."""
         if method not in METHODS:
             raise ValueError(f"{method!r} is not a declared Control method")
         request, response = METHODS[method]
         try:
-            return await asyncio.to_thread(self._blocking_call, method, CLASSES[request](),
-                                           CLASSES[response])
+            return await asyncio.to_thread(self._blocking_call, method,
+                                           CLASSES[request](**fields), CLASSES[response])
         except DecodeError as exc:
             raise ControlError(method, "BAD_ANSWER", f"undecodable response: {exc}") from exc
 
@@ -208,6 +213,10 @@ class ControlClient:
     async def weight_version(self) -> str:
         answer = await self.call("GetWeightVersion")
         return str(answer.weight_version)
+
+    async def update_weight_version(self, version: str) -> None:
+        """`set_weight_version` on every engine (the frontend's Control route for it)."""
+        await self.call("UpdateWeightVersion", weight_version=version)
 
     def close(self) -> None:
         with self._lock:

@@ -143,7 +143,7 @@ class RsRelease:
         if method == "release_kv_cache_memory" and not self.release_kv_cache_route:
             return (f"vllm-rs {self.version} has no /release_kv_cache_memory "
                     f"(from 0.31.0)")
-        if method == "get_weight_version" and not self.grpc_control:
+        if method in ("get_weight_version", "set_weight_version") and not self.grpc_control:
             return f"vllm-rs {self.version} has no gRPC Control service (from 0.32.0)"
         return None
 

@@ -77,6 +77,8 @@ UNREACHABLE: dict[str, str] = {
     "pin_lora": "vllm-rs serves no route that calls pin_lora",
     "get_weight_version": "reached through the gRPC Control service (GetWeightVersion, see "
                           "VllmRsDriver.call_utility), never over HTTP",
+    "set_weight_version": "reached through the gRPC Control service (UpdateWeightVersion, "
+                          "see VllmRsDriver.call_utility), never over HTTP",
     "profile": "/start_profile and /stop_profile answer 404 without a profiler config",
 }
 
