@@ -91,6 +91,36 @@ async def wave_while_running(ctx: CaseContext) -> None:
     ctx.require(got == 4, expected="ADD current_wave 4", observed=f"current_wave {got}")
 
 
+NO_WAKEUP = ("rust client.rs bootstrapped_external_coordinator_updates_wave_ignores_counts_"
+             "and_sends_no_wakeup; vllm/v1/engine/coordinator.py:311-354, core_client.py:"
+             "1606-1611 (0.33.0: the engine that gets the ADD wakes the others)")
+SUBSCRIPTIONS = (b"\x01", b"\x00")  # what a 0.33.0 coordinator ignores from a frontend
+
+for _n in (2, 3):
+    def _make_no_wakeup(n: int = _n) -> None:
+        @case(f"dp.wave.no_frontend_wakeup_{n}_engines", Level.MUST,
+              f"With {n} engines idle (the coordinator publishes engines_running=false, wave "
+              "7), requests to every engine send the coordinator nothing but a plain "
+              "subscription: no wake-up, no request notice (a 0.33.0 coordinator logs any "
+              "other frontend message as unexpected; the engines start the wave).",
+              source=NO_WAKEUP, needs=GEN)
+        async def no_wakeup(ctx: CaseContext) -> None:
+            group = await ctx.start(n)
+            coordinator = group.coordinator
+            assert coordinator is not None, "a DP group has a mock coordinator"
+            await _publish_wave(ctx, group, 7, running=False)
+            waves = [await _add_wave(ctx, group, 40 + i) for i in range(2 * n)]
+            await ctx.quiet(0.3)  # anything sent with the last request lands
+            sent = [r.frames[0] for r in coordinator.transcript.select(direction="in")]
+            other = [f[:40].hex() for f in sent if f not in SUBSCRIPTIONS]
+            ctx.note(f"{len(sent)} frame(s) from the frontend; ADD waves {waves}")
+            ctx.require(not other, expected="only subscriptions (01 / 00) to the coordinator",
+                        observed=f"{len(other)} other frame(s): {other[:4]}")
+
+        globals()[f"no_wakeup_{n}"] = no_wakeup
+    _make_no_wakeup()
+
+
 def _control(engine: int, kind: str) -> m.EngineCoreOutputs:
     if kind == "start_wave":
         return m.EngineCoreOutputs(engine, [], None, 1.0, start_wave=3)

@@ -25,7 +25,7 @@ from harness.frontends import mutants_streaming as ms
 from harness.frontends import mutants_utility as mu
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.driver import ReferenceDriver
-from harness.frontends.reference.frontend import CoreFactory
+from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Mutant:
     rule: str  # the one rule it breaks
     core: CoreFactory
     frontend_kwargs: dict[str, Any] | None = None
+    frontend_class: type[ReferenceFrontend] = ReferenceFrontend  # for bugs in the I/O layer
 
 
 def _by_name(mutants: list[Mutant]) -> dict[str, Mutant]:
@@ -146,6 +147,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            dp.RoundRobinRouting),
     Mutant("snapshot_resets_inflight", "a coordinator publication resets the in-flight "
            "counts, ties to the lowest rank", dp.SnapshotResetsInflight),
+    Mutant("legacy_wakeup_sent", "a FIRST_REQ wake-up sent to the DP coordinator with "
+           "each request", ReferenceFrontendCore, frontend_class=dp.LegacyWakeupFrontend),
     Mutant("pinned_not_counted", "pinned requests not counted as in flight",
            dp.PinnedNotCounted),
     Mutant("inflight_never_released", "in-flight count not released when a request ends",
@@ -452,4 +455,5 @@ def make_mutant_driver(name: str) -> ReferenceDriver:
     except KeyError:
         raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}") from None
     return ReferenceDriver(mutant.core, name=f"mutant:{name}",
-                           frontend_kwargs=mutant.frontend_kwargs)
+                           frontend_kwargs=mutant.frontend_kwargs,
+                           frontend_class=mutant.frontend_class)

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from msgspec import msgpack
+
 from harness.frontends.driver import FrontendError, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
+from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.lifecycle import Event
 from harness.transport.sockets import engine_identity
 from harness.wire import messages as m
@@ -82,6 +85,19 @@ class SnapshotResetsInflight(ReferenceFrontendCore):
             self.engines[r].reported + self.since_snapshot.get(r, 0), r))
         self.since_snapshot[rank] = self.since_snapshot.get(rank, 0) + 1
         return rank
+
+
+class LegacyWakeupFrontend(ReferenceFrontend):
+    """What clients before the engines woke each other did: every request also goes to the
+    DP coordinator as `("FIRST_REQ", rank)` (a 0.33.0 coordinator logs it as unexpected)."""
+
+    async def generate(self, prompt: Sequence[int], max_tokens: int, **options: Any
+                       ) -> StreamHandle:
+        handle = await super().generate(prompt, max_tokens, **options)
+        state = self.core.requests.get(handle.request_id or "")
+        if self._stats is not None and state is not None:
+            await self._stats.send(msgpack.encode(("FIRST_REQ", state.rank)))
+        return handle
 
 
 class PinnedNotCounted(ReferenceFrontendCore):

@@ -36,10 +36,12 @@ class ReferenceDriver(FrontendDriver):
 
     def __init__(self, core_factory: CoreFactory = ReferenceFrontendCore,
                  name: str | None = None, frontend_kwargs: dict[str, Any] | None = None,
-                 profile: ProtocolProfile = VLLM_0_33) -> None:
+                 profile: ProtocolProfile = VLLM_0_33,
+                 frontend_class: type[ReferenceFrontend] = ReferenceFrontend) -> None:
         self.core_factory = core_factory
         self.protocol_profile = profile
         self.frontend_kwargs = frontend_kwargs or {}
+        self.frontend_class = frontend_class  # a mutant's I/O layer, where the bug lives there
         if name is not None:
             self.name = name
         self.frontend: ReferenceFrontend | None = None
@@ -53,7 +55,7 @@ class ReferenceDriver(FrontendDriver):
     async def start(self, group: EngineSide, timeout: float) -> None:
         self._ipc = PrivateIpcDir()
         inputs, outputs = self._ipc.address("in"), self._ipc.address("out")
-        self.frontend = ReferenceFrontend([e.rank for e in group.engines],
+        self.frontend = self.frontend_class([e.rank for e in group.engines],
                                           codec=codec_for(self.protocol_profile),
                                           core_factory=self.core_factory,
                                           stats_address=group.stats_address,

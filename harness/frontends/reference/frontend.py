@@ -34,6 +34,9 @@ from harness.transport.sockets import make_socket
 from harness.wire import ProtocolError, WireCodec
 from harness.wire import messages as m
 
+SUBSCRIBE_ALL = b"\x01"  # an XSUB subscription to every topic (what a 0.33.0 coordinator
+# ignores; any other message from a frontend it logs as unexpected, coordinator.py:311-354)
+
 
 class CoreFactory(Protocol):
     """Builds the frontend core (the reference's, a mutant's, a probed one) for the ranks,
@@ -97,15 +100,17 @@ class ReferenceFrontend:
         self._pull = pull = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.PULL))
         router.bind(input_address)
         pull.bind(output_address)
-        if self.stats_address is not None:  # subscribed before the engines register
-            self._stats = stats = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.SUB))
-            stats.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.stats_address is not None:  # subscribed in wait_ready, before registration
+            # XSUB like vLLM's clients: the only thing it ever sends is the subscription.
+            self._stats = stats = cast(zmq.asyncio.Socket, make_socket(ctx, zmq.XSUB))
             stats.connect(self.stats_address)
 
     async def wait_ready(self, timeout: float) -> None:
         """Read one ready frame per engine; StartupError names the engines that never came."""
         assert self._router is not None
         deadline = time.monotonic() + timeout
+        if self._stats is not None:
+            await self._stats.send(SUBSCRIBE_ALL)
         if self._coordinator is not None:
             self._coordinator.start()
         if self._handshake is not None:
