@@ -41,7 +41,7 @@ class ReferenceDriver(FrontendDriver):
         self.core_factory = core_factory
         self.protocol_profile = profile
         self.frontend_kwargs = frontend_kwargs or {}
-        self.frontend_class = frontend_class  # a mutant's I/O layer, where the bug lives there
+        self.frontend_class = frontend_class  # the I/O layer (a mutant's, when its bug is there)
         if name is not None:
             self.name = name
         self.frontend: ReferenceFrontend | None = None
