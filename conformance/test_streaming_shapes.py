@@ -191,17 +191,23 @@ for _n in (1, 2):
     _make_finished_with_output(_n)
 
 
+RETIRED_SRC = ("rust-client.md §1.3/§4.1 #8 finished_requests_without_final_output_is_"
+               "treated_as_unexpected_close; " + FINISHED_SRC)
+
+
+def _retired_after(tokens: list[int]) -> list[Emit | FinishedOnly]:
+    """The engine streams `tokens`, then names the request in finished_requests alone."""
+    return [*(Emit([t], 0.02) for t in tokens), FinishedOnly(0.05)]
+
+
 def _make_finished_without_output(phase: str, tokens: list[int]) -> None:
     @case(f"streaming.finished_requests.without_final_output_{phase}", Level.SHOULD,
           f"A request named in finished_requests without a final output ({phase}) should "
           "end its stream with an error within a bound instead of hanging (vllm-rs: "
-          "RequestStreamClosed); its neighbour is unaffected.",
-          source=("rust-client.md §1.3/§4.1 #8 finished_requests_without_final_output_is_"
-                  "treated_as_unexpected_close; " + FINISHED_SRC), needs=GEN)
+          "RequestStreamClosed); its neighbour is unaffected.", source=RETIRED_SRC, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         p, q = prompt(0), prompt(1)
-        steps = [*(Emit([t], 0.02) for t in tokens), FinishedOnly(0.05)]
-        await ctx.start([EngineScript(rules=[by_prompt(p, steps),
+        await ctx.start([EngineScript(rules=[by_prompt(p, _retired_after(tokens)),
                                              by_prompt(q, stream([300, 301, 302], 0.05))])])
         h = await ctx.driver.generate(p, 10)
         other = await ctx.driver.generate(q, 3)
@@ -230,12 +236,10 @@ def _make_retired_not_aborted(phase: str, tokens: list[int]) -> None:
           f"A request the engine names in finished_requests without a final output ({phase}) "
           "is retired engine-side: the frontend sends no ABORT for it on its own, whether "
           "it ends the stream with an error (Rust) or keeps it open (Python).",
-          source=("rust-client.md §4.1 #8 finished_requests_without_final_output_is_treated_"
-                  "as_unexpected_close; " + FINISHED_SRC), needs=GEN)
+          source=RETIRED_SRC, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         p = prompt(0)
-        steps = [*(Emit([t], 0.02) for t in tokens), FinishedOnly(0.05)]
-        group = await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        group = await ctx.start([EngineScript(rules=[by_prompt(p, _retired_after(tokens))])])
         h = await ctx.driver.generate(p, 10)
         found = await ctx.wait_until(lambda: request_for(group, p) is not None, 3)
         ctx.require(found, expected="the request's ADD", observed="no ADD within 3 s")

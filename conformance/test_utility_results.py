@@ -75,31 +75,29 @@ def _require_same(ctx: CaseContext, seen: Any, expected: Any, what: str) -> None
                 observed="unchanged" if ok else _first_difference(seen, expected))
 
 
-@case("utility.result.nested_values", Level.MUST,
-      "A collective_rpc answer holding nested values (null alone, empty list and map, lists "
-      "in maps in lists, nulls inside them) reaches the caller unchanged (1 engine).",
-      source=RESULT, needs=CALL)
-async def nested_values(ctx: CaseContext) -> None:
-    _require_same(ctx, await _rpc_result(ctx, [NESTED]), NESTED,
-                  "the engine's worker list as it was sent")
+# One engine's worker list, passed through unchanged: (case, requirement, the list, what).
+ONE_ENGINE: tuple[tuple[str, str, list[Any], str], ...] = (
+    ("nested_values", "A collective_rpc answer holding nested values (null alone, empty list "
+     "and map, lists in maps in lists, nulls inside them) reaches the caller unchanged "
+     "(1 engine).", NESTED, "the engine's worker list as it was sent"),
+    ("scalar_types", "A collective_rpc answer's scalars keep their type and value: booleans "
+     "stay booleans, 1.0 stays a float, integers up to the 64-bit ends (and 2**53 + 1) stay "
+     "exact, non-ASCII and NUL survive in strings (1 engine).", SCALARS,
+     "the engine's worker list as it was sent"),
+    ("null_workers_kept", "When every worker of the one engine returns null, collective_rpc "
+     "answers a list of those nulls ([null, null]), not an empty list and not null.",
+     [None, None], "one null per worker"),
+)
 
+for _name, _requirement, _workers, _what in ONE_ENGINE:
+    def _make_one_engine(name: str = _name, requirement: str = _requirement,
+                         workers: list[Any] = _workers, what: str = _what) -> None:
+        @case(f"utility.result.{name}", Level.MUST, requirement, source=RESULT, needs=CALL)
+        async def unchanged(ctx: CaseContext) -> None:
+            _require_same(ctx, await _rpc_result(ctx, [workers]), workers, what)
 
-@case("utility.result.scalar_types", Level.MUST,
-      "A collective_rpc answer's scalars keep their type and value: booleans stay booleans, "
-      "1.0 stays a float, integers up to the 64-bit ends (and 2**53 + 1) stay exact, "
-      "non-ASCII and NUL survive in strings (1 engine).", source=RESULT, needs=CALL)
-async def scalar_types(ctx: CaseContext) -> None:
-    _require_same(ctx, await _rpc_result(ctx, [SCALARS]), SCALARS,
-                  "the engine's worker list as it was sent")
-
-
-@case("utility.result.null_workers_kept", Level.MUST,
-      "When every worker of the one engine returns null, collective_rpc answers a list of "
-      "those nulls ([null, null]), not an empty list and not null.", source=RESULT,
-      needs=CALL)
-async def null_workers(ctx: CaseContext) -> None:
-    _require_same(ctx, await _rpc_result(ctx, [[None, None]]), [None, None],
-                  "one null per worker")
+        globals()[f"one_engine_{name}"] = unchanged
+    _make_one_engine()
 
 
 @case("utility.result.nested_per_engine_flattened", Level.SHOULD,
