@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.casekit import prompt, request_for, requests_for
+from harness.casekit import prompt, request_for, requests_for, same_value
 from harness.wire import DEFAULT_CODEC, AddRequest
 from harness.wire import messages as m
 from mock_engines.transcript import MergedTranscript, Record, Transcript
@@ -111,3 +111,23 @@ def test_prompt_index_skips_non_adds_and_missing_prompts() -> None:
     _add(transcript, 0, "x", [1, 2], 2.0)
     assert transcript.adds_with_prompt([1, 2]) == [(0, "x")]
     assert transcript.adds_with_prompt([]) == []
+
+
+# ----------------------------------------------------------------- same_value
+
+@pytest.mark.parametrize(("seen", "expected"), [
+    (1, True), (True, 1), (1.0, 1), (1, 1.0), (0, False), ("1", 1), (None, []),
+    ([1, 2], [1, 2, 3]), ([1, [2, 3]], [1, [2, 3.0]]), ({"a": 1}, {"a": 1, "b": None}),
+    ({"a": [None]}, {"a": []}), ([{"k": 1}], [{"k": True}]),
+])
+def test_same_value_tells_types_and_shapes_apart(seen: object, expected: object) -> None:
+    assert not same_value(seen, expected)
+
+
+@pytest.mark.parametrize(("seen", "expected"), [
+    (None, None), (True, True), (2**64 - 1, 2**64 - 1), (1.5, 1.5), ("ü", "ü"),
+    ([], []), ((1, "a"), [1, "a"]), ({"a": [None, {"b": (1,)}]}, {"a": [None, {"b": [1]}]}),
+])
+def test_same_value_accepts_equal_values_tuples_as_lists(seen: object,
+                                                         expected: object) -> None:
+    assert same_value(seen, expected)
