@@ -259,32 +259,35 @@ async def least_loaded_burst(ctx: CaseContext) -> None:
                 observed=f"at engine {found[0] if found else None}")
 
 
-@case("dp.routing.burst_even_despite_stale_snapshot", Level.SHOULD,
-      "A burst of 8 unpinned requests over 4 idle engines lands 2 per engine, also when the "
-      "coordinator publishes a stale all-idle snapshot after the first 3 (Python rotates "
-      "ties, test_dplb_burst_round_robins_despite_snapshot_rebinds; Rust counts its own "
-      "in-flight requests).", source=LB + "; core_client.py:1790-1805 (tie rotation)",
-      needs=[Capability.GENERATE])
+@case("dp.routing.burst_even_despite_stale_snapshot", Level.MUST,
+      "With 2 requests pinned to engine 0 still in flight, a stale all-idle coordinator "
+      "snapshot does not erase them: the 6 unpinned requests sent next go 2 to each of "
+      "engines 1-3, none to engine 0 (the frontend's own in-flight count is a floor under "
+      "the snapshot's load: Python max(inflight, waiting + running), Rust likewise).",
+      source=LB + "; core_client.py:1778-1787 (the in-flight floor); rust-client.md §1.6 "
+      "routing_score", needs=PINNED)
 async def burst_even_despite_stale_snapshot(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(4)])
     coordinator = group.coordinator
     assert coordinator is not None, "a DP group of 4 has a mock coordinator"
     coordinator.publishing = False  # from now on only the one stale snapshot below
     await ctx.quiet(0.15)  # a regular publication already on its way lands first
-    prompts = [prompt(800 + i) for i in range(8)]
-    handles = [await ctx.driver.generate(p, 50) for p in prompts[:3]]
+    for i in range(2):
+        await (await ctx.driver.generate(prompt(800 + i), 50, data_parallel_rank=0)
+               ).wait_first(ctx.t(3))
     before = len(coordinator.transcript.select(direction="out"))
     coordinator.inject.append(group.codec.encode_dp_stats(
         m.DPStatsUpdate([(0, 0, 0.0)] * 4, coordinator.wave, False)))
     stale = await ctx.wait_until(
         lambda: len(coordinator.transcript.select(direction="out")) > before, 2)
-    ctx.require(stale, expected="a stale all-idle publication after the first 3 requests",
+    ctx.require(stale, expected="a stale all-idle publication after the pinned requests",
                 observed="none within 2 s (harness fault)")
     await ctx.quiet(0.1)  # the frontend reads it
-    handles += [await ctx.driver.generate(p, 50) for p in prompts[3:]]
-    for h in handles:
-        await h.wait_first(ctx.t(3))
+    prompts = [prompt(810 + i) for i in range(6)]
+    for p in prompts:
+        await (await ctx.driver.generate(p, 50)).wait_first(ctx.t(3))
     owners = requests_for(group, prompts) or {}
     per_engine = [list(owners.values()).count(r) for r in range(4)]
-    ctx.require(len(owners) == 8 and per_engine == [2, 2, 2, 2],
-                expected="2 requests at each of the 4 engines", observed=per_engine)
+    ctx.require(len(owners) == 6 and per_engine == [0, 2, 2, 2],
+                expected="the 6 unpinned requests 0 / 2 / 2 / 2 over engines 0-3",
+                observed=per_engine)

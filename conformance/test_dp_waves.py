@@ -13,7 +13,7 @@ index -1); the Rust client fails closed when they reach its main output path
 from __future__ import annotations
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, require_refused_later
+from harness.casekit import hold, prompt, request_for, requests_for, require_refused_later
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from harness.wire import messages as m
@@ -105,15 +105,21 @@ for _n in (2, 3):
               "other frontend message as unexpected; the engines start the wave).",
               source=NO_WAKEUP, needs=GEN)
         async def no_wakeup(ctx: CaseContext) -> None:
-            group = await ctx.start(n)
+            group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                     for _ in range(n)])
             coordinator = group.coordinator
             assert coordinator is not None, "a DP group has a mock coordinator"
             await _publish_wave(ctx, group, 7, running=False)
-            waves = [await _add_wave(ctx, group, 40 + i) for i in range(2 * n)]
+            prompts = [prompt(40 + i) for i in range(2 * n)]
+            for p in prompts:  # held: in-flight counts spread them over every engine
+                await (await ctx.driver.generate(p, 50)).wait_first(ctx.t(3))
             await ctx.quiet(0.3)  # anything sent with the last request lands
+            owners = sorted(set((requests_for(group, prompts) or {}).values()))
+            ctx.require(owners == list(range(n)), expected=f"requests at each of the {n} "
+                        "engines (harness precondition)", observed=f"at engines {owners}")
             sent = [r.frames[0] for r in coordinator.transcript.select(direction="in")]
             other = [f[:40].hex() for f in sent if f not in SUBSCRIPTIONS]
-            ctx.note(f"{len(sent)} frame(s) from the frontend; ADD waves {waves}")
+            ctx.note(f"{len(sent)} frame(s) from the frontend to the coordinator")
             ctx.require(not other, expected="only subscriptions (01 / 00) to the coordinator",
                         observed=f"{len(other)} other frame(s): {other[:4]}")
 

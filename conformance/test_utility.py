@@ -17,9 +17,7 @@ from harness.vllm_dist import tiny_lora_dir
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import (
-    Emit,
     EngineScript,
-    Finish,
     UtilityReply,
     any_request,
     by_prompt,
@@ -441,11 +439,13 @@ async def duplicate_refused(ctx: CaseContext) -> None:
 async def duplicate_first_unchanged(ctx: CaseContext) -> None:
     first_prompt, second_prompt = prompt(0), prompt(1)
     group = await ctx.start([EngineScript(rules=[
-        by_prompt(first_prompt, [Emit([100]), Emit([101], 0.6),
-                                 Finish(m.FinishReason.LENGTH, [102], 0.05)]),
+        by_prompt(first_prompt, hold()),  # token 100, then held until the case finishes it
         by_prompt(second_prompt, stream([300, 301], 0.02))])])
     first = await ctx.driver.generate(first_prompt, 3, request_id="cw-dup-2")
     await first.wait_first(ctx.t(5.0))
+    owner = request_for(group, first_prompt)
+    ctx.require(owner is not None, expected="the first request's ADD", observed="none")
+    assert owner is not None
     second_note = "refused"
     try:
         second = await ctx.driver.generate(second_prompt, 2, request_id="cw-dup-2")
@@ -457,17 +457,22 @@ async def duplicate_first_unchanged(ctx: CaseContext) -> None:
     except FrontendError as exc:
         second_note = f"refused: {exc}"
     ctx.note(f"the duplicate: {second_note}")
+    await ctx.quiet(0.2)  # whatever the duplicate's clean-up does to the first, it did
+    rank, rid = owner
+    engine = next(e for e in group.engines if e.rank == rank)
+    for tokens, reason in (([101], None), ([102], m.FinishReason.LENGTH)):
+        engine.send_outputs(m.EngineCoreOutputs(rank, [m.EngineCoreOutput(
+            rid, tokens, finish_reason=reason)], None, time.monotonic()))
+        await ctx.quiet(0.2)  # an ABORT the clean-up queued goes out with an output
     await first.wait(ctx.t(5.0))
-    owner = request_for(group, first_prompt)
     aborted = group.transcript.aborted_ids()
     ctx.require(first.ended and first.error is None and first.tokens == [100, 101, 102]
                 and first.finish_reason == "length",
                 expected="the first stream: [100, 101, 102], finish 'length', no error",
                 observed=f"ended {first.ended}, finish {first.finish_reason!r}, tokens "
                          f"{first.tokens}, error {first.error!r}")
-    ctx.require(owner is not None and owner[1] not in aborted,
-                expected="no ABORT for the first request",
-                observed=f"first request {owner}, ABORTed ids {aborted}")
+    ctx.require(rid not in aborted, expected=f"no ABORT for the first request {rid}",
+                observed=f"ABORTed ids {aborted}")
 
 
 @case("utility.request_id.reuse_after_finish", Level.MUST,

@@ -91,7 +91,8 @@ for _tags in (["weights"], ["weights", "kv_cache"]):
 
 ARGS = ("core_client.py:1353-1356 pause_generation, :1396-1397 sleep, :1434-1443 "
         "collective_rpc (0.33.0); rust-client.md §1.7")
-# (case suffix, method, the caller's wire args: none of them the method's defaults)
+# (case suffix, method, the caller's wire args: each row differs from the method's defaults
+# in at least one argument, and every optional argument is non-default in some row)
 NON_DEFAULT: tuple[tuple[str, str, list[Any]], ...] = (
     ("sleep_level_2_wait", "sleep", [2, "wait"]),
     ("sleep_level_1_keep", "sleep", [1, "keep"]),
@@ -106,9 +107,9 @@ for _suffix, _method, _args in NON_DEFAULT:
     def _make_args(suffix: str = _suffix, method: str = _method, args: list[Any] = _args
                    ) -> None:
         @case(f"utility.args.{suffix}", Level.MUST,
-              f"{method} called with non-default arguments reaches each of 2 engines once "
-              f"with exactly the wire args {args} (none replaced by a default, dropped or "
-              "re-typed).", source=ARGS, needs=CALL)
+              f"{method} called with arguments other than its defaults reaches each of 2 "
+              f"engines once with exactly the wire args {args} (none replaced by a "
+              "default, dropped or re-typed).", source=ARGS, needs=CALL)
         async def non_default_args(ctx: CaseContext) -> None:
             group = await ctx.start(_engines(2, method, UtilityReply(
                 NON_DEFAULT_ANSWER[method])))

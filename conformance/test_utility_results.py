@@ -122,8 +122,10 @@ async def weight_checksums(ctx: CaseContext) -> None:
     await ctx.start([EngineScript(utilities={"compute_weight_checksums": UtilityReply(
         answers[rank], delay=0.2 * (2 - rank))}) for rank in range(3)])
     seen = await ctx.driver.call_utility("compute_weight_checksums", [])
-    calls = len(ctx.engines.transcript.utility_calls("compute_weight_checksums"))
-    ctx.require(calls == 3, expected="one compute_weight_checksums call per engine (3)",
-                observed=calls)
+    calls = {rank: len(ctx.engines.transcript.utility_calls("compute_weight_checksums",
+                                                             rank=rank)) for rank in range(3)}
+    ctx.require(calls == {0: 1, 1: 1, 2: 1},
+                expected="one compute_weight_checksums call per engine (3)",
+                observed=f"calls per engine {calls}")
     _require_same(ctx, seen, [w for per_engine in answers for w in per_engine],
                   "engine 0's two maps, then engine 1's, then engine 2's")

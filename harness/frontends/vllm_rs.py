@@ -288,8 +288,11 @@ class VllmRsDriver(FrontendDriver):
             raise UnsupportedOperation(reason)
         if method == "get_weight_version" and self.control is not None and not args:
             return await self.control.weight_version()
-        if method == "set_weight_version" and self.control is not None and len(args) == 1:
-            await self.control.update_weight_version(str(args[0]))
+        if method == "set_weight_version" and self.control is not None:
+            if len(args) != 1 or not isinstance(args[0], str):
+                raise UnsupportedOperation(f"vllm-rs: UpdateWeightVersion carries one string, "
+                                           f"not set_weight_version{tuple(args)!r}")
+            await self.control.update_weight_version(args[0])
             return None
         if method == "add_lora":
             return await self._lora.add(args, self._text)
