@@ -58,6 +58,7 @@ def test_check_spec_accepts_every_documented_form() -> None:
     ("core", "mutant:nosuch", "unknown mutant 'nosuch'"),
     ("core", "mutant:", "core spec 'mutant:' names nothing after 'mutant:'"),
     ("core", "nomodule", "expected reference, mutant:NAME or module:Attr"),
+    ("core", "mutant:legacy_wakeup_sent", "that mutant's bug is in the I/O layer"),
     ("kv", "mutant:nosuch", "unknown KV worker mutant 'nosuch'"),
     ("kv", "vllm", "unknown KV worker 'vllm': use reference, vllm-nixl or mutant:NAME"),
     ("ec", "vllm-nixl", "unknown EC scheduler 'vllm-nixl': use reference, vllm or mutant:NAME"),

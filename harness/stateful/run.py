@@ -38,8 +38,14 @@ def resolve_core(spec: str) -> CoreFactory:
         return ReferenceFrontendCore
     if parsed.kind == "mutant":
         from harness.frontends.mutants import MUTANTS
+        from harness.frontends.reference.frontend import ReferenceFrontend
 
-        return lookup(MUTANTS, parsed.argument, "mutant").core
+        mutant = lookup(MUTANTS, parsed.argument, "mutant")
+        if mutant.frontend_class is not ReferenceFrontend:
+            raise ValueError(f"core spec {spec!r}: that mutant's bug is in the I/O layer "
+                             f"({mutant.frontend_class.__name__}), which the stateful "
+                             f"machine does not run; it drives cores only")
+        return mutant.core
     module, _, attr = spec.partition(":")
     if not attr:
         raise ValueError(f"core spec {spec!r}: expected {CORES.usage}")
