@@ -230,17 +230,23 @@ _make_finished_without_output("before_first_token", [])
 _make_finished_without_output("after_tokens", [100, 101])
 
 
-def _make_retired_not_aborted(phase: str, tokens: list[int]) -> None:
-    @case(f"streaming.finished_requests.without_final_output_not_aborted_{phase}",
+def _make_retired_not_aborted(phase: str, tokens: list[int], engines: int = 1) -> None:
+    suffix = phase if engines == 1 else f"{phase}_{engines}_engines"
+    neighbour = (f"; with {engines} engines a neighbour stream on another engine completes"
+                 if engines > 1 else "")
+
+    @case(f"streaming.finished_requests.without_final_output_not_aborted_{suffix}",
           Level.MUST,
           f"A request the engine names in finished_requests without a final output ({phase}) "
-          "is retired engine-side: the frontend sends no ABORT for it on its own, whether "
-          "it ends the stream with an error (Rust) or keeps it open (Python).",
-          source=RETIRED_SRC, needs=GEN)
+          "is retired engine-side: the frontend sends no ABORT for it, to any engine, on its "
+          "own, whether it ends the stream with an error (Rust) or keeps it open (Python)"
+          f"{neighbour}.", source=RETIRED_SRC, needs=GEN)
     async def run(ctx: CaseContext) -> None:
-        p = prompt(0)
-        group = await ctx.start([EngineScript(rules=[by_prompt(p, _retired_after(tokens))])])
+        p, q = prompt(0), prompt(1)
+        rules = [by_prompt(p, _retired_after(tokens)), by_prompt(q, stream([300, 301], 0.05))]
+        group = await ctx.start([EngineScript(rules=list(rules)) for _ in range(engines)])
         h = await ctx.driver.generate(p, 10)
+        other = await ctx.driver.generate(q, 2) if engines > 1 else None
         found = await ctx.wait_until(lambda: request_for(group, p) is not None, 3)
         ctx.require(found, expected="the request's ADD", observed="no ADD within 3 s")
         owner = request_for(group, p)
@@ -260,13 +266,17 @@ def _make_retired_not_aborted(phase: str, tokens: list[int]) -> None:
         ctx.require(rid not in aborted,
                     expected=f"no ABORT for the retired request {rid}",
                     observed=f"ABORTed ids {aborted}")
+        if other is not None:
+            await other.wait(ctx.t(3))
+            _require_streams(ctx, [other], [[300, 301]])
 
-    run.__name__ = run.__qualname__ = f"retired_not_aborted_{phase}"
+    run.__name__ = run.__qualname__ = f"retired_not_aborted_{suffix}"
     globals()[run.__name__] = run
 
 
 _make_retired_not_aborted("before_first_token", [])
 _make_retired_not_aborted("after_tokens", [100, 101])
+_make_retired_not_aborted("after_tokens", [100, 101], engines=2)
 
 
 # ----------------------------------------------------------------- aux frames
