@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from harness.frontends.driver import Capability
+from harness.grounds import Grounds
 
 
 class Level(str, enum.Enum):
@@ -52,6 +53,7 @@ class CaseSpec:
     source: str
     needs: frozenset[Capability] = frozenset()
     timeout: float = 10.0  # seconds before the time-scale factor
+    grounds: Grounds | None = None  # the vLLM 0.33.0 lines the rule stands on (wire cases)
 
     @property
     def area(self) -> str:
@@ -61,13 +63,22 @@ class CaseSpec:
 CaseFn = Callable[..., Coroutine[Any, Any, None]]
 
 
-def case(case_id: str, level: Level, requirement: str, *, source: str,
-         needs: Iterable[Capability] = (), timeout: float = 10.0) -> Callable[[CaseFn], CaseFn]:
-    """Declare an async function as a conformance case (collected by the plugin)."""
+def case(case_id: str, level: Level, requirement: str, *, grounds: Grounds | None = None,
+         source: str = "", needs: Iterable[Capability] = (),
+         timeout: float = 10.0) -> Callable[[CaseFn], CaseFn]:
+    """Declare an async function as a conformance case (collected by the plugin).
+
+    A wire case states its `grounds` (harness.grounds); its `source` is then their rendering.
+    A component case (kv:/ec:) names its `source` (the vLLM PR of its contract)."""
     if not CASE_ID.match(case_id) or case_id.split(".")[0] not in AREAS:
         raise ValueError(f"case id {case_id!r} must be <area>.<topic>.<case> with area in "
                          f"{AREAS} and only [a-z0-9_] in each part")
-    spec = CaseSpec(case_id, level, requirement, source, frozenset(needs), timeout)
+    if grounds is not None and source:
+        raise ValueError(f"{case_id}: give grounds or a source, not both")
+    if grounds is None and not source:
+        raise ValueError(f"{case_id}: a case needs grounds (or, for a component, a source)")
+    spec = CaseSpec(case_id, level, requirement, grounds.render() if grounds else source,
+                    frozenset(needs), timeout, grounds)
 
     def mark(fn: CaseFn) -> CaseFn:
         fn.__corewire_case__ = spec  # type: ignore[attr-defined]
