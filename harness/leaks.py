@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness import process_tree
@@ -137,6 +138,28 @@ def observe_temp_sockets() -> None:
     if len(_EXAMINED) > _EXAMINED_MAX:
         _EXAMINED.clear()
     _EXAMINED.update(candidates)  # other programs' sockets are not looked up again
+
+
+_SESSION_HELPERS: list[Callable[[], None]] = []
+
+
+def register_session_helper(stop: Callable[[], None]) -> None:
+    """A process-wide helper that lives for the session (vllm-py's DP-coordinator fork
+    server): `stop` ends it at session end, before the leak check."""
+    _SESSION_HELPERS.append(stop)
+
+
+def stop_session_helpers() -> list[str]:
+    """Stop every registered helper; what failed to stop, as text."""
+    problems = []
+    while _SESSION_HELPERS:
+        stop = _SESSION_HELPERS.pop()
+        try:
+            stop()
+        except Exception as exc:  # reported with the leaks, never raised at teardown
+            problems.append(f"session helper {getattr(stop, '__qualname__', stop)} did not "
+                            f"stop: {type(exc).__name__}: {exc}")
+    return problems
 
 
 def snapshot() -> Snapshot:

@@ -97,6 +97,7 @@ class _Vllm:
     async_llm: Any  # class AsyncLLM
     core_client: Any  # module vllm.v1.engine.core_client (ready-timeout knob)
     engine_args: Any  # class EngineArgs
+    coordinator: Any  # module vllm.v1.engine.coordinator (its process start, handshake mode)
     sampling_params: Any  # class SamplingParams
     output_kind: Any  # enum RequestOutputKind
     tokens_prompt: Any  # TypedDict TokensPrompt
@@ -122,6 +123,7 @@ def _load_vllm() -> _Vllm:
             _VLLM = _Vllm(
                 async_llm=importlib.import_module("vllm.v1.engine.async_llm").AsyncLLM,
                 core_client=importlib.import_module("vllm.v1.engine.core_client"),
+                coordinator=importlib.import_module("vllm.v1.engine.coordinator"),
                 engine_args=importlib.import_module("vllm.engine.arg_utils").EngineArgs,
                 sampling_params=importlib.import_module("vllm.sampling_params").SamplingParams,
                 output_kind=importlib.import_module("vllm.sampling_params").RequestOutputKind,
@@ -210,10 +212,12 @@ class VllmPyDriver(FrontendDriver):
         self._state: str = ""
         self._closed = False
         if preload:
-            # Import vLLM and warm the DP=1 config here, outside any case's time bound
-            # (the plugin builds the driver before it starts the case clock).
+            # Import vLLM, warm the DP=1 config and start the DP coordinator's fork server
+            # here, outside any case's time bound (the plugin builds the driver before it
+            # starts the case clock).
             with contextlib.suppress(Exception):  # start() reports import errors, graded
                 _base_config(_load_vllm(), 1)
+                handshake.coordinator_context()
 
     # ------------------------------------------------------------------ lifecycle
 

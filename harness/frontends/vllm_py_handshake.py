@@ -13,10 +13,24 @@ must say `local=False, headless=True` (utils.py:1419-1422, :1494-1518), the hand
 input/output sockets are loopback TCP (`get_engine_zmq_bind_addresses`, utils.py:1120-1160).
 The mock engines play the headless engines. For DP > 1 vLLM also starts its real DP
 coordinator process (utils.py:1265-1279) and names it in INIT; the mock engines subscribe
-to it (coordinated cases serve a MoE config, `moe_model_dir`, so it coordinates waves). It is
-forked, as
-`VLLM_WORKER_MULTIPROC_METHOD=fork` makes it (the CPU platform's spawn default re-imports
-vLLM, about 10 s), and AsyncLLM.shutdown() stops it.
+to it (coordinated cases serve a MoE config, `moe_model_dir`, so it coordinates waves).
+AsyncLLM.shutdown() stops it.
+
+How the coordinator process starts is deployment, not protocol, and the harness must choose
+it: vLLM forks it (`get_mp_context()`, coordinator.py:99, fork unless spawn is forced) from
+the process that builds AsyncLLM. Under `vllm serve` that is the API server before it serves;
+here it is the harness process, which at that moment runs mock-engine, ZMQ and other cases'
+threads. A fork copies every lock in the state another thread left it, so a child that then
+takes one (vLLM's `configure_logging` flushes the log handlers' streams, coordinator.py:181)
+waits for ever on a lock whose owner does not exist in it; the coordinator never reports its
+addresses (`_wait_for_zmq_addrs` waits 120 s, coordinator.py:56-66), AsyncLLM sends no INIT
+and the case ends in TIMEOUT: the flake of `handshake.init.coordinator_addresses_2_engines
+[vllm-py]` (tests/vllm_lane/test_vllm_py_handshake.py reproduces it by holding the log
+stream's lock at the fork). So the coordinator starts from a fork server instead
+(`coordinator_context`): a single-threaded process of its own that imported vLLM's coordinator
+module once, started when the driver is built (outside any case's bound); each coordinator
+is a fork of that clean process, in milliseconds, running vLLM's own `run_coordinator`.
+Spawning it (the CPU platform's default) would re-import vLLM, about 10 s a case.
 
 `wait_for_engine_startup` has no bound: it polls the handshake socket every 10 s for ever
 (utils.py:1439-1452); `VLLM_ENGINE_READY_TIMEOUT_S` only bounds the later ready-frame wait.
@@ -39,6 +53,8 @@ import contextlib
 import copy
 import gc
 import json
+import multiprocessing
+import multiprocessing.context
 import os
 import shutil
 import socket
@@ -49,6 +65,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import StartupError, StartupHang
+from harness.leaks import register_session_helper
 from harness.timing import Timescale
 from harness.vllm_dist import tiny_model_dir
 
@@ -64,8 +81,47 @@ HOST = "127.0.0.1"
 _CONFIGS: dict[tuple[int, bool], Any] = {}  # (dp size, MoE) -> pristine handshake config
 _CONFIG_LOCK = threading.Lock()
 # One construction at a time per process: it swaps module globals of vLLM's core_client and
-# the multiprocessing method for its duration.
+# coordinator for its duration.
 _CONSTRUCT_LOCK = threading.Lock()
+COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
+FORKSERVER_START_TIMEOUT = 120.0  # the server imports vLLM's coordinator module once (~5-10 s)
+_FORKSERVER_LOCK = threading.Lock()
+_FORKSERVER: list[multiprocessing.context.BaseContext] = []
+
+
+def coordinator_context() -> multiprocessing.context.BaseContext:
+    """The fork server DP coordinators start from (see the module docstring): started once
+    per process with vLLM's coordinator module preloaded, and waited for, so the first
+    coordinated case does not pay the import inside its startup bound."""
+    with _FORKSERVER_LOCK:
+        if not _FORKSERVER:
+            from multiprocessing import resource_tracker
+            tracker_was_running = resource_tracker._resource_tracker._pid is not None  # type: ignore[attr-defined]
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([COORDINATOR_MODULE])
+            # A child that only returns: its start waits until the server has imported the
+            # preloaded module and accepts forks.
+            probe = context.Process(target=os.getpid, name="corewire-forkserver-ready")
+            probe.start()
+            probe.join(FORKSERVER_START_TIMEOUT)
+            if probe.exitcode != 0:
+                raise StartupError(f"the DP coordinator's fork server did not come up within "
+                                   f"{FORKSERVER_START_TIMEOUT:.0f}s (exit {probe.exitcode})")
+            register_session_helper(_stop_forkserver)
+            if not tracker_was_running:  # the fork server started multiprocessing's tracker
+                register_session_helper(resource_tracker._resource_tracker._stop)  # type: ignore[attr-defined]
+            _FORKSERVER.append(context)
+        return _FORKSERVER[0]
+
+
+def _stop_forkserver() -> None:
+    """End the fork server (a process-wide helper, stopped at session end; the stdlib has
+    no public call for it, `_stop` is the one its own tests use)."""
+    from multiprocessing import forkserver
+    with _FORKSERVER_LOCK:
+        if _FORKSERVER:
+            forkserver._forkserver._stop()  # type: ignore[attr-defined]
+            _FORKSERVER.clear()
 
 
 def free_tcp_port() -> int:
@@ -169,8 +225,8 @@ class HandshakeStartup:
 
     @contextlib.contextmanager
     def _patched(self) -> Iterator[None]:
-        """Register the canceller with launch_core_engines, bound the ready-frame wait, fork
-        the DP coordinator; everything restored afterwards."""
+        """Register the canceller with launch_core_engines, bound the ready-frame wait, start
+        the DP coordinator from the fork server; everything restored afterwards."""
         module = self._vllm.core_client
         original = module.launch_core_engines
         canceller = self._canceller
@@ -182,20 +238,18 @@ class HandshakeStartup:
                                                      canceller)
                 yield launch
 
+        coordinator = self._vllm.coordinator
         saved_knob = module.VLLM_ENGINE_READY_TIMEOUT_S
-        saved_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+        saved_context = coordinator.get_mp_context
         module.launch_core_engines = launch_watched
         module.VLLM_ENGINE_READY_TIMEOUT_S = self._ready_timeout
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        coordinator.get_mp_context = coordinator_context
         try:
             yield
         finally:
             module.launch_core_engines = original
             module.VLLM_ENGINE_READY_TIMEOUT_S = saved_knob
-            if saved_method is None:
-                os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-            else:
-                os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = saved_method
+            coordinator.get_mp_context = saved_context
 
     def _run(self) -> None:
         if not _CONSTRUCT_LOCK.acquire(timeout=self._timescale.scaled(LOCK_TIMEOUT)):

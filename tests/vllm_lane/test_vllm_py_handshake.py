@@ -8,9 +8,11 @@ child process behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -123,3 +125,73 @@ def test_hung_startup_is_aborted_and_leaks_nothing(withheld: str) -> None:
     before, after = asyncio.run(main())
     assert after == before
     assert not [t for t in threading.enumerate() if t.name == "vllm-py-handshake-startup"]
+
+
+def test_coordinator_start_survives_a_lock_held_at_fork() -> None:
+    """The flake of handshake.init.coordinator_addresses_2_engines[vllm-py], reproduced: a
+    thread of the harness process holds the lock of vLLM's log stream (it is inside a write)
+    at the moment AsyncLLM starts its DP coordinator. Forked from this process (vLLM's
+    default), the coordinator copies that lock held by a thread it does not have, blocks in
+    `configure_logging`'s flush, never reports its addresses, and no INIT follows (TIMEOUT).
+    Started from the driver's fork server it is a clean process: startup serves, and the
+    coordinator is not a child of this process."""
+    import io
+    import logging
+
+    driver = VllmPyDriver().with_timescale(TIMESCALE)  # imports vLLM, starts the fork server
+    handler = next(h for h in logging.getLogger("vllm").handlers
+                   if isinstance(h, logging.StreamHandler))
+    read_fd, write_fd = os.pipe()
+    stream = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write_fd, "w"), 1 << 16),
+                              write_through=True)
+    draining, armed, stop = threading.Event(), threading.Event(), threading.Event()
+    draining.set()
+    forks: list[int] = []
+
+    def drain() -> None:
+        while not stop.is_set():
+            if draining.wait(0.05):
+                with contextlib.suppress(BlockingIOError):
+                    os.read(read_fd, 1 << 16)
+
+    def hold_lock_across_fork() -> None:  # runs in whichever thread forks
+        if not armed.is_set():
+            return
+        forks.append(os.getpid())
+        draining.clear()
+        threading.Thread(target=stream.write, args=("x" * (1 << 20),), daemon=True).start()
+        time.sleep(0.3)  # the writer now blocks inside the write, holding the buffer lock
+
+    async def main() -> None:
+        ipc = PrivateIpcDir()
+        group = _group([EngineScript(), EngineScript()], ipc)
+        try:
+            armed.set()
+            await driver.start(group, START_TIMEOUT)
+            armed.clear()
+            coordinator = driver._llm.engine_core.resources.coordinator
+            assert coordinator is not None
+            with open(f"/proc/{coordinator.proc.pid}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            assert parent != os.getpid(), "the DP coordinator is a fork of the harness process"
+        finally:
+            armed.clear()
+            draining.set()
+            await driver.shutdown()
+            await asyncio.to_thread(group.stop)
+            ipc.cleanup()
+
+    os.set_blocking(read_fd, False)
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
+    os.register_at_fork(before=hold_lock_across_fork, after_in_parent=draining.set)
+    saved = handler.setStream(stream)
+    try:
+        asyncio.run(main())
+    finally:
+        handler.setStream(saved)
+        stop.set()
+        drainer.join(5)
+        stream.close()
+        os.close(read_fd)
+    assert forks == [], "AsyncLLM forked its DP coordinator from the harness process"
