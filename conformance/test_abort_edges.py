@@ -2,8 +2,9 @@
 
 An explicit abort names ids the frontend may no longer know (finished, already aborted,
 never issued). vLLM's clients skip those per id and still abort every live id of the list,
-wherever it stands in the list and on whichever engine it lives (core_client.py:1751-1758
-groups the live ids per engine; the Rust client's abort filters unknown ids one by one).
+wherever it stands in the list and on whichever engine it lives (output_processor.py:633-636
+keeps only live ids, core_client.py:1887-1898 groups them per engine; the Rust client's
+abortable_request_ids, state.rs:226-236, skips unknown ids one by one).
 A port that stops at the first unknown id leaves the live ones running on their engines.
 """
 
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from conformance.test_abort import EXPLICIT_ENDS
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import Capability
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, any_request, by_prompt, stream
 
-SOURCE = ("PR #44591; vllm 0.33.0 core_client.py:1751-1758 (abort ids grouped per owning "
-          "engine; unknown ids skipped); rust-client.md §1.3 (abort of unknown ids is a no-op)")
 ABORT = [Capability.GENERATE, Capability.ABORT]
 
 # Where the ids the frontend no longer knows stand in the abort list, relative to the live
@@ -35,7 +35,7 @@ def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
     @case(f"abort.explicit_list.{name}_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), an explicit abort of the list {list(order)} (finished "
           "and never-issued ids mixed in) aborts both live ids exactly once, each at its "
-          "own engine, and nothing else.", source=SOURCE, needs=ABORT)
+          "own engine, and nothing else.", grounds=EXPLICIT_ENDS, needs=ABORT)
     async def run(ctx: CaseContext) -> None:
         finished_prompt = prompt(50)
         rules = [by_prompt(finished_prompt, stream([100])), any_request(hold())]
@@ -81,8 +81,7 @@ for _name, _order in ORDERS.items():
       "Streams ended by an explicit abort (live ids on 2 engines, listed after a stale id) "
       "end with finish_reason 'abort' and no error: the client can tell an abort from a "
       "completion or a failure.",
-      source="vllm 0.33.0 output_processor.py:637-652 (abort_requests puts a final output "
-             "with FinishReason.ABORT on the request's queue); " + SOURCE, needs=ABORT)
+      grounds=EXPLICIT_ENDS, needs=ABORT)
 async def explicit_list_streams_end_abort(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
     live_prompts = [prompt(i) for i in range(2)]

@@ -1,8 +1,9 @@
 """A dropped or aborted stream's ABORT reaches its engine promptly, one stream at a time.
 
-vLLM's clients abort at once (AsyncLLM in the cancelled stream's finally; the Rust abort loop
-wakes on each queued id); a port that batches aborts on a timer, or only flushes them with
-the next request, leaves engines generating for nobody.
+vLLM's clients abort at once (AsyncLLM in the cancelled generate()'s except handler; the Rust
+abort loop wakes on each queued id), and the engine takes ABORTs out of band to act on them
+early; a port that batches aborts on a timer, or only flushes them with the next request,
+leaves engines generating for nobody.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability
+from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, any_request
 
@@ -19,15 +21,29 @@ from mock_engines.script import EngineScript, any_request
 
 PROMPT_BOUND = 0.5  # seconds (scaled): vLLM's clients abort at once, not on a timer
 
+_IMP = "rust/src/engine-core-client/src/client/imp.rs"
+
+# Python's cancelled generate() awaits its abort in the handler itself; the Rust stream's Drop
+# queues the id on an unbounded channel and run_abort_loop's recv_many wakes on the first one.
+PROMPT_ABORT = both(
+    py("vllm/v1/engine/async_llm.py:809", "await self.abort(q.request_id, internal=True)"),
+    py("vllm/v1/engine/core_client.py:1884", "await self._abort_requests(request_ids, engine)"),
+    rs("rust/src/engine-core-client/src/client/stream.rs:237",
+       "if self.abort_tx.send(abort_req).is_err() {"),
+    rs(f"{_IMP}:380", "`recv_many` returns as soon as at least one item is ready, so a"),
+    rs(f"{_IMP}:385", "while abort_rx.recv_many(&mut batch, MAX_DRAIN).await > 0 {"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1240",
+       "timeout(Duration::from_secs(1), recv_engine_message(dealer)).await.unwrap();"),
+    engine("vllm/v1/engine/core.py:2036", "self.aborts_queue.put_nowait(request)"),
+)
+
 
 def _make_prompt_abort(how: str, engines: int) -> None:
     @case(f"abort.{how}.reaches_engine_promptly_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), each of three streams {how}ped one after another (the "
           f"next once the previous ABORT arrived) has its ABORT at its engine within "
           f"{PROMPT_BOUND} s: an engine keeps generating for nobody until it arrives.",
-          source="vllm 0.33.0 async_llm.py generate() (a cancelled stream aborts in its "
-                 "finally, at once); rust-client.md §1.5 (the abort loop wakes on each "
-                 "queued id and drains immediately)",
+          grounds=PROMPT_ABORT,
           needs=[Capability.GENERATE,
                  Capability.DROP if how == "drop" else Capability.ABORT])
     async def run(ctx: CaseContext) -> None:

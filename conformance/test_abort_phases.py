@@ -5,7 +5,8 @@ first output, after the request already ended (by length, EOS, a stop string, an
 abort or an error), twice, across several engines with uneven ownership, or for a request
 that was routed with an explicit data_parallel_rank. The rule is the same everywhere: an
 engine gets an ABORT only for a live request it received the ADD for, after that ADD, at
-most once (PR #44591; rust-client.md §1.5; async_llm.py abort / output_processor.py).
+most once (PR #44591; the grounds cite async_llm.py, core_client.py, output_processor.py and
+the Rust client's stream.rs / imp.rs / state.rs).
 """
 
 from __future__ import annotations
@@ -13,9 +14,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from conformance.test_abort import (
+    _AL,
+    _CC,
+    _CLIENT,
+    _ENGINE_ABORT,
+    _IMP,
+    _OP,
+    _STATE,
+    _STREAM,
     ABORT,
+    ABORT_ONCE,
+    BURST_ONCE,
     DROP,
-    PR,
+    EXPLICIT_GROUPED,
+    FINISHED_DROP,
+    STOP_STRING,
     _check_exactly_once,
     _open_streams,
     _settle_aborts,
@@ -23,13 +36,52 @@ from conformance.test_abort import (
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for, trickle
 from harness.frontends.driver import Capability, StreamHandle
+from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
 from harness.wire import AbortRequests, AddRequest
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import Emit, EngineScript, Finish, Step, any_request, stream
 
-OUTPUT_PROCESSOR = "vllm/v1/engine/output_processor.py abort_requests (0.33.0); " + PR
+# The ADD goes out before any ABORT for the same id, on the owning engine's input: Python
+# registers the request and sends its ADD inside add_request(), and generate() aborts only a
+# request whose queue exists; Rust builds the stream (whose Drop aborts) and then sends the ADD
+# to the engine it registered. An ABORT before its ADD is skipped by the engine
+# (scheduler.py:2994) and the late ADD then runs for nobody.
+ADD_BEFORE_ABORT = both(
+    py(f"{_AL}:581", "self.output_processor.add_request(request, prompt, parent_req, index,"),
+    py(f"{_AL}:584", "await self.engine_core.add_request_async(request)"),
+    py(f"{_CC}:1615", "await self._send_input(EngineCoreRequestType.ADD, request, chosen_engine)"),
+    py(f"{_AL}:809", "await self.abort(q.request_id, internal=True)"),
+    rs(f"{_CLIENT}:671", "self.inner.send_request_to_engine(&engine_id, req).await?;"),
+    rs(f"{_STREAM}:232", "let abort_req = AbortRequest {"),
+    rs(f"{_IMP}:389", "let Some(engine_id) = inner.take_auto_abort_target(&request_id) else {"),
+    *_ENGINE_ABORT,
+)
+
+# After the engine ended a request (length, EOS, engine abort, per-request error) the frontend
+# forgot it, so an explicit abort of its id sends nothing.
+FINISHED_EXPLICIT = both(
+    py(f"{_OP}:919", "self.request_states.pop(req_id)"),
+    py(f"{_OP}:768", "self._finish_request(req_state)"),
+    py(f"{_OP}:634", "if req_state is not None:"),
+    py(f"{_CC}:1345", "if request_ids and not self.resources.engine_dead:"),
+    rs(f"{_STATE}:252", "if output.finished() {"),
+    rs(f"{_STATE}:229", "let Some(tracked) = self.requests.get(request_id.as_str()) else {"),
+    rs(f"{_CLIENT}:691", "if abortable.is_empty() {"),
+)
+
+# A request pinned with data_parallel_rank is recorded at that engine and aborted there.
+PINNED_DROP = both(
+    py(f"{_CC}:1763", "if (eng_index := request.data_parallel_rank) is None and ("),
+    py(f"{_CC}:1810", "self.reqs_in_flight[request.request_id] = chosen_engine"),
+    py(f"{_CC}:1884", "await self._abort_requests(request_ids, engine)"),
+    rs(f"{_STATE}:202", "if let Some(rank) = data_parallel_rank {"),
+    rs(f"{_STATE}:192", "engine_id: engine_id.clone(),"),
+    rs(f"{_IMP}:406", "by_engine.entry(engine_id).or_default().push(request_id);"),
+    rs(f"{_STATE}:1176", "fn register_with_data_parallel_rank_routes_to_specified_engine()"),
+    *_ENGINE_ABORT,
+)
 
 
 def _check_add_before_abort(ctx: CaseContext, group: EngineGroup) -> None:
@@ -51,7 +103,8 @@ def _check_add_before_abort(ctx: CaseContext, group: EngineGroup) -> None:
 
 @case("abort.phase.before_add_read", Level.MUST,
       "Dropping streams whose ADDs the engines have not read yet sends, per request, the "
-      "ADD then one ABORT (or neither), each to the owning engine.", source=PR, needs=DROP)
+      "ADD then one ABORT (or neither), each to the owning engine.",
+      grounds=ADD_BEFORE_ABORT, needs=DROP)
 async def before_add_read(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
     for engine in group.engines:
@@ -77,7 +130,7 @@ async def before_add_read(ctx: CaseContext) -> None:
 
 @case("abort.phase.before_first_output", Level.MUST,
       "Dropping streams that have no output yet aborts each one once at its engine.",
-      source=PR, needs=DROP)
+      grounds=BURST_ONCE, needs=DROP)
 async def before_first_output(ctx: CaseContext) -> None:
     late = [Emit([100], 30.0)]
     group = await ctx.start([EngineScript(rules=[any_request(late)]) for _ in range(2)])
@@ -94,7 +147,7 @@ async def before_first_output(ctx: CaseContext) -> None:
 
 @case("abort.phase.mid_stream", Level.MUST,
       "Dropping streams while tokens are flowing aborts each one once at its engine.",
-      source=PR, needs=DROP)
+      grounds=BURST_ONCE, needs=DROP)
 async def mid_stream(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(trickle(0.01))])
                              for _ in range(2)])
@@ -138,7 +191,8 @@ def _ended_case(kind: str, what: str, steps: list[Step], explicit: bool
 
     @case(f"abort.after_end.{kind}_{'explicit' if explicit else 'drop'}", Level.MUST,
           f"After a request ended by {what}, {how} it sends no ABORT.",
-          source=OUTPUT_PROCESSOR, needs=ABORT if explicit else DROP)
+          grounds=FINISHED_EXPLICIT if explicit else FINISHED_DROP,
+          needs=ABORT if explicit else DROP)
     async def check(ctx: CaseContext) -> None:
         group, handle, rid = await _ended(ctx, steps)
         if explicit:
@@ -166,7 +220,7 @@ def _stop_string_case(explicit: bool) -> Callable[[CaseContext], Awaitable[None]
     @case(f"abort.after_end.stop_string_{'explicit' if explicit else 'drop'}", Level.MUST,
           f"A stream ended by a frontend stop string is aborted once at its engine; "
           f"{how} it afterwards sends nothing more.",
-          source="semantics.md (b); vllm/v1/engine/output_processor.py",
+          grounds=both(*STOP_STRING.cites, *ABORT_ONCE.cites),
           needs=[*(ABORT if explicit else DROP), Capability.STOP_STRINGS])
     async def check(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(rules=[any_request(trickle(0.01))])])
@@ -199,7 +253,8 @@ after_stop_string_explicit = _stop_string_case(True)
 
 
 @case("abort.explicit.twice", Level.MUST,
-      "Explicitly aborting the same live id twice sends one ABORT.", source=PR, needs=ABORT)
+      "Explicitly aborting the same live id twice sends one ABORT.", grounds=ABORT_ONCE,
+      needs=ABORT)
 async def explicit_twice(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())])])
     _handles, owners = await _open_streams(ctx, group, 2)
@@ -211,7 +266,8 @@ async def explicit_twice(ctx: CaseContext) -> None:
 
 
 @case("abort.drop.then_explicit_once", Level.MUST,
-      "A stream dropped and then explicitly aborted is aborted exactly once.", source=PR,
+      "A stream dropped and then explicitly aborted is aborted exactly once.",
+      grounds=ABORT_ONCE,
       needs=[*ABORT, Capability.DROP])
 async def drop_then_explicit(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())])])
@@ -251,7 +307,7 @@ async def _open_pinned(ctx: CaseContext, group: EngineGroup, per_engine: list[in
 def _uneven_burst_case(n: int) -> Callable[[CaseContext], Awaitable[None]]:
     @case(f"abort.burst.uneven_{n}_engines", Level.MUST,
           f"Dropping streams spread unevenly over {n} engine(s) ({UNEVEN[n]}) aborts each "
-          f"id exactly once at its own engine.", source=PR,
+          f"id exactly once at its own engine.", grounds=PINNED_DROP,
           needs=[*DROP, Capability.DP_RANK])
     async def check(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(rules=[any_request(hold())])
@@ -273,7 +329,7 @@ del _fn
 
 @case("abort.explicit.three_engines_one_call", Level.MUST,
       "One explicit abort naming ids owned by three engines sends each engine only its own "
-      "ids, once.", source="rust-client.md §1.5 (multi_engine_abort_is_grouped...)",
+      "ids, once.", grounds=EXPLICIT_GROUPED,
       needs=[*ABORT, Capability.DP_RANK])
 async def explicit_three_engines(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
@@ -285,7 +341,7 @@ async def explicit_three_engines(ctx: CaseContext) -> None:
 
 @case("abort.drop.explicit_rank", Level.MUST,
       "Dropping a stream routed with an explicit data_parallel_rank aborts it at that "
-      "engine.", source=PR, needs=[*DROP, Capability.DP_RANK])
+      "engine.", grounds=PINNED_DROP, needs=[*DROP, Capability.DP_RANK])
 async def drop_explicit_rank(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
     handles, owners = await _open_pinned(ctx, group, [0, 0, 1])

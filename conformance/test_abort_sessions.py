@@ -1,26 +1,47 @@
 """Aborts of streaming-input sessions reach every engine.
 
 A continuation in flight when a session ends may re-create it on any engine, so vLLM's
-Python client aborts a session's id at every engine (core_client.py:1887-1895), whether
+Python client aborts a session's id at every engine (core_client.py:1889-1894), whether
 the session is mid-segment or between segments. vllm-rs 0.33.0 has no streaming-input
-surface over HTTP: UNSUPPORTED there.
+sessions at all (every request it builds is resumable: false): UNSUPPORTED there.
 """
 
 from __future__ import annotations
 
 from harness.case_context import CaseContext
 from harness.frontends.driver import Capability
-from harness.sessionkit import ABORT_SOURCE, finish_segment, open_first_segment, scripts
+from harness.grounds import defect, engine, py, rs
+from harness.sessionkit import finish_segment, open_first_segment, scripts
 from harness.verdicts import Level, case
 
 NEEDS = [Capability.STREAMING_INPUT, Capability.DROP]
+
+_CC = "vllm/v1/engine/core_client.py"
+
+SESSION_ABORT = defect(
+    py(f"{_CC}:1753", "self.streaming_reqs.add(request.request_id)"),
+    py(f"{_CC}:1889", "if req_id in self.streaming_reqs:"),
+    py(f"{_CC}:1892", "self.streaming_reqs.discard(req_id)"),
+    py(f"{_CC}:1893", "for engine in self.core_engines:"),
+    py("vllm/v1/engine/async_llm.py:809", "await self.abort(q.request_id, internal=True)"),
+    rs("rust/src/llm/src/request.rs:121", "resumable: false,"),
+    engine("vllm/v1/core/sched/scheduler.py:2946", "if request.resumable:"),
+    engine("vllm/v1/core/sched/scheduler.py:2739",
+           "request.status = RequestStatus.WAITING_FOR_STREAMING_REQ"),
+    note="rust has no streaming-input sessions (it sends every request resumable: false, "
+         "llm/src/request.rs:121), so only python can hold the rule, and does "
+         "(core_client.py:1889-1894); a frontend with sessions that aborts one only at its "
+         "owning engine leaves a session that an in-flight chunk re-created on another engine "
+         "(scheduler.py:2946) parked in WAITING_FOR_STREAMING_REQ for ever "
+         "(scheduler.py:2739): an engine left in a wrong state, holding its slot and KV",
+)
 
 
 def _make_drop(phase: str, engines: int) -> None:
     @case(f"abort.resumable.drop_{phase}_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), dropping a streaming-input session "
           f"{phase.replace('_', ' ')} aborts its id at every engine, exactly once each.",
-          source=ABORT_SOURCE, needs=NEEDS)
+          grounds=SESSION_ABORT, needs=NEEDS)
     async def run(ctx: CaseContext) -> None:
         held = (0,) if phase == "mid_segment" else ()
         group = await ctx.start(scripts(engines, 1, 1, held=held))

@@ -13,11 +13,48 @@ import time
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, requests_for
 from harness.frontends.driver import Capability, FrontendError
+from harness.grounds import both, defect, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, UtilityReply, any_request
 
-PR = "PR #43429"
-DPLB = "vllm/v1/engine/core_client.py DPLBAsyncMPClient (0.33.0)"
+CC = "vllm/v1/engine/core_client.py"
+RC = "rust/src/engine-core-client/src/client.rs"
+RT = "rust/src/engine-core-client/src/tests/client.rs"
+RS = "rust/src/engine-core-client/src/client/state.rs"
+CORE = "vllm/v1/engine/core.py"
+
+# is_sleeping asks every engine and returns the shared answer.
+SLEEP_AGREE = both(
+    py(f"{CC}:1406", 'return await self.call_utility_consensus_async("is_sleeping")'),
+    py(f"{CC}:1320", "return results[0]"),
+    rs(f"{RC}:901", 'self.call_utility_consensus("is_sleeping", ()).await'),
+    rs(f"{RC}:780", "Ok(results.into_iter().next().unwrap())"),
+    rs(f"{RT}:2653", "assert!(client.is_sleeping().await.unwrap());"),
+    engine(f"{CORE}:1078", "def is_sleeping(self) -> bool:"),
+)
+# Engines that disagree make is_sleeping fail.
+SLEEP_DISAGREE = both(
+    py(f"{CC}:1316", "if any(result != results[0] for result in results):"),
+    py(f"{CC}:1317", "raise RuntimeError("),
+    rs(f"{RC}:782", "Err(Error::InconsistentUtilityResults {"),
+    rs(f"{RT}:2603", "let error = client.is_sleeping().await.unwrap_err();"),
+)
+# The disagreement error quotes the engines' values.
+SLEEP_NAMES = both(
+    py(f"{CC}:1318", 'f"Engines returned different {method} results: {results}"'),
+    rs(f"{RC}:784", 'values: format!("{results:?}"),'),
+    rs("rust/src/engine-core-client/src/error.rs:98",
+       "returned inconsistent results across engines: {values}"),
+)
+# reset_prefix_cache is the AND of every engine's answer.
+RESET_AND = both(
+    py(f"{CC}:1387", "return all("),
+    py(f"{CC}:1388", "await self.call_utility_all_async("),
+    rs(f"{RC}:932", ".all(|reset| reset))"),
+    rs(f"{RT}:2739", "assert!(!client.reset_prefix_cache(false, false).await.unwrap());"),
+    rs(f"{RT}:2696", "assert!(client.reset_prefix_cache(false, false).await.unwrap());"),
+    engine(f"{CORE}:883", "def reset_prefix_cache("),
+)
 SLEEP = [Capability.IS_SLEEPING]
 RESET = [Capability.RESET_PREFIX_CACHE]
 
@@ -33,20 +70,22 @@ async def _is_sleeping_value(ctx: CaseContext, *values: bool) -> None:
 
 
 @case("dp.is_sleeping.all_true", Level.MUST,
-      "When every engine reports sleeping, is_sleeping is true.", source=PR, needs=SLEEP)
+      "When every engine reports sleeping, is_sleeping is true.", grounds=SLEEP_AGREE,
+      needs=SLEEP)
 async def sleeping_all_true(ctx: CaseContext) -> None:
     await _is_sleeping_value(ctx, True, True)
 
 
 @case("dp.is_sleeping.all_false", Level.MUST,
-      "When no engine reports sleeping, is_sleeping is false.", source=PR, needs=SLEEP)
+      "When no engine reports sleeping, is_sleeping is false.", grounds=SLEEP_AGREE,
+      needs=SLEEP)
 async def sleeping_all_false(ctx: CaseContext) -> None:
     await _is_sleeping_value(ctx, False, False)
 
 
 @case("dp.is_sleeping.single_engine", Level.MUST,
-      "With one engine its is_sleeping answer passes straight through.", source=PR,
-      needs=SLEEP)
+      "With one engine its is_sleeping answer passes straight through.",
+      grounds=SLEEP_AGREE, needs=SLEEP)
 async def sleeping_single(ctx: CaseContext) -> None:
     await _is_sleeping_value(ctx, True)
 
@@ -64,20 +103,20 @@ async def _expect_disagreement(ctx: CaseContext, values: tuple[bool, bool]) -> s
 
 @case("dp.is_sleeping.disagree", Level.MUST,
       "When engines disagree ([true, false]) is_sleeping fails instead of picking a value.",
-      source=PR, needs=SLEEP)
+      grounds=SLEEP_DISAGREE, needs=SLEEP)
 async def sleeping_disagree(ctx: CaseContext) -> None:
     await _expect_disagreement(ctx, (True, False))
 
 
 @case("dp.is_sleeping.disagree_reversed", Level.MUST,
       "When engines disagree ([false, true]) is_sleeping fails instead of picking a value.",
-      source=PR, needs=SLEEP)
+      grounds=SLEEP_DISAGREE, needs=SLEEP)
 async def sleeping_disagree_reversed(ctx: CaseContext) -> None:
     await _expect_disagreement(ctx, (False, True))
 
 
-@case("dp.is_sleeping.disagree_names_values", Level.SHOULD,
-      "The disagreement error should name the values the engines returned.", source=PR,
+@case("dp.is_sleeping.disagree_names_values", Level.MUST,
+      "The disagreement error names the values the engines returned.", grounds=SLEEP_NAMES,
       needs=SLEEP)
 async def sleeping_names_values(ctx: CaseContext) -> None:
     message = await _expect_disagreement(ctx, (True, False))
@@ -94,27 +133,28 @@ async def _reset_value(ctx: CaseContext, values: tuple[bool, ...], want: bool) -
 
 
 @case("dp.reset_prefix_cache.all_true", Level.MUST,
-      "reset_prefix_cache is true when every engine succeeded.", source=PR, needs=RESET)
+      "reset_prefix_cache is true when every engine succeeded.", grounds=RESET_AND,
+      needs=RESET)
 async def reset_all_true(ctx: CaseContext) -> None:
     await _reset_value(ctx, (True, True), True)
 
 
 @case("dp.reset_prefix_cache.one_false", Level.MUST,
       "reset_prefix_cache is false (not an error) when any engine failed to reset.",
-      source=PR, needs=RESET)
+      grounds=RESET_AND, needs=RESET)
 async def reset_one_false(ctx: CaseContext) -> None:
     await _reset_value(ctx, (True, False), False)
 
 
 @case("dp.reset_prefix_cache.first_false", Level.MUST,
       "reset_prefix_cache is false when the first engine failed and the other succeeded.",
-      source=PR, needs=RESET)
+      grounds=RESET_AND, needs=RESET)
 async def reset_first_false(ctx: CaseContext) -> None:
     await _reset_value(ctx, (False, True), False)
 
 
 @case("dp.reset_prefix_cache.all_false", Level.MUST,
-      "reset_prefix_cache is false when every engine failed to reset.", source=PR,
+      "reset_prefix_cache is false when every engine failed to reset.", grounds=RESET_AND,
       needs=RESET)
 async def reset_all_false(ctx: CaseContext) -> None:
     await _reset_value(ctx, (False, False), False)
@@ -122,7 +162,19 @@ async def reset_all_false(ctx: CaseContext) -> None:
 
 @case("dp.utility.fan_out_once", Level.MUST,
       "A utility call reaches every engine exactly once, each with its own call id, "
-      "as [client_index, call_id, method, args].", source=PR, needs=SLEEP)
+      "as [client_index, call_id, method, args].",
+      grounds=both(
+          py(f"{CC}:1309", "self._call_utility_async(method, *args, engine=engine)"),
+          py(f"{CC}:1325", "call_id = uuid.uuid1().int >> 64"),
+          py(f"{CC}:1330", "*self.encoder.encode((self.client_index, call_id, method, args)),"),
+          rs(f"{RC}:743", "for engine in &self.engines {"),
+          rs(f"{RC}:744", "let (call_id, rx) = self.inner.allocate_and_register_utility_call()?;"),
+          rs(f"{RC}:747", "EngineCoreUtilityRequest::new(self.config.client_index, call_id, "
+                          "method, &args)?;"),
+          rs(f"{RT}:2166", "async fn multi_engine_abort_is_grouped_and_utility_fans_out_to_all_"
+                           "engines() {"),
+          engine(f"{CORE}:1765", "client_idx, call_id, method_name, args = request"),
+      ), needs=SLEEP)
 async def fan_out_once(ctx: CaseContext) -> None:
     group = await ctx.start(3)
     await ctx.driver.is_sleeping()
@@ -138,8 +190,15 @@ async def fan_out_once(ctx: CaseContext) -> None:
 
 
 @case("dp.utility.failure_surfaces", Level.MUST,
-      "A failure_message from one engine makes the aggregated call fail.", source=PR,
-      needs=SLEEP)
+      "A failure_message from one engine makes the aggregated call fail.",
+      grounds=both(
+          py(f"{CC}:941", "future.set_exception(Exception(failure_message))"),
+          py(f"{CC}:1307", "return await asyncio.gather("),
+          rs(f"{RC}:756", "rx.await"),
+          rs(f"{RC}:765", "outcomes.into_iter().collect()"),
+          engine(f"{CORE}:1850", 'output.failure_message = f"Call to {name} method failed: '
+                                 '{str(e)}"'),
+      ), needs=SLEEP)
 async def failure_surfaces(ctx: CaseContext) -> None:
     scripts = [EngineScript(), EngineScript(utilities={
         "is_sleeping": UtilityReply(failure="Call to is_sleeping method failed: boom")})]
@@ -155,7 +214,14 @@ async def failure_surfaces(ctx: CaseContext) -> None:
 
 @case("dp.utility.failure_waits_for_all", Level.SHOULD,
       "A failing utility call should return only after every engine has replied.",
-      source="PR #43429 (call_utility_waits_for_all_engines_before_returning_error)",
+      grounds=differ(
+          py(f"{CC}:1307", "return await asyncio.gather("),
+          rs(f"{RC}:707", "waits for every engine outcome before returning an error"),
+          rs(f"{RC}:751", "let outcomes = join_all(prepared_calls.into_iter().map("),
+          rs(f"{RT}:1490", "fn call_utility_waits_for_all_engines_before_returning_error()"),
+          note="python raises the first engine's failure at once (asyncio.gather without "
+               "return_exceptions), leaving the other replies to land unobserved; rust joins "
+               "every engine's outcome first so callers can compensate partial mutations"),
       needs=RESET)
 async def failure_waits_for_all(ctx: CaseContext) -> None:
     scripts = [EngineScript(utilities={"reset_prefix_cache": UtilityReply(failure="boom")}),
@@ -178,9 +244,16 @@ async def failure_waits_for_all(ctx: CaseContext) -> None:
                          f"{[round(r.t - began, 3) for r in replies]}s")
 
 
-@case("dp.utility.never_answered_bounded", Level.MUST,
-      "A utility call one engine never answers ends (error or value) within a bound; "
-      "it must not hang the caller.", source="rust-client.md §1.7", needs=RESET, timeout=30)
+@case("dp.utility.never_answered_bounded", Level.SHOULD,
+      "A utility call one engine never answers should end (error or value) within a bound "
+      "rather than hang the caller.",
+      grounds=recommendation(
+          py(f"{CC}:1334", "return await future"),
+          rs(f"{RC}:756", "rx.await"),
+          note="neither 0.33.0 frontend bounds a utility wait (python awaits a bare future, "
+               "rust awaits the reply channel with no timeout), so one silent engine hangs the "
+               "caller; corewire advises a bound so a stuck engine surfaces as an error"),
+      needs=RESET, timeout=30)
 async def never_answered(ctx: CaseContext) -> None:
     scripts = [EngineScript(), EngineScript(utilities={
         "reset_prefix_cache": UtilityReply(never=True)})]
@@ -197,7 +270,17 @@ async def never_answered(ctx: CaseContext) -> None:
 
 @case("dp.utility.unsolicited_reply_ignored", Level.SHOULD,
       "A utility reply with an unknown call id should be dropped; the frontend keeps "
-      "serving.", source="rust-client.md §1.3 (dispatcher)", needs=SLEEP)
+      "serving.",
+      grounds=defect(
+          py(f"{CC}:937", "future = utility_results.pop(output.call_id)"),
+          py(f"{CC}:1262", "outputs_queue.put_nowait(e)"),
+          rs("rust/src/engine-core-client/src/client/imp.rs:259", "None => false,"),
+          rs("rust/src/engine-core-client/src/client/imp.rs:521",
+             '"dropping output for unexpected utility call"'),
+          note="python deviates: an unknown call id raises KeyError in the output reader "
+               "(core_client.py:937), which kills the output task and errors the whole client "
+               "(crash); rust drops the reply with a warning (imp.rs:259, 521)"),
+      needs=SLEEP)
 async def unsolicited_reply(ctx: CaseContext) -> None:
     from harness.wire import messages as m
 
@@ -212,7 +295,14 @@ async def unsolicited_reply(ctx: CaseContext) -> None:
 
 
 @case("dp.routing.explicit_rank", Level.MUST,
-      "A request with data_parallel_rank r is sent to engine r only.", source=DPLB,
+      "A request with data_parallel_rank r is sent to engine r only.",
+      grounds=both(
+          py(f"{CC}:1763", "if (eng_index := request.data_parallel_rank) is None and ("),
+          py(f"{CC}:1808", "chosen_engine = self.core_engines[eng_index]"),
+          rs(f"{RS}:202", "if let Some(rank) = data_parallel_rank {"),
+          rs(f"{RS}:203", "u16::try_from(rank).ok().map(EngineId::from_engine_index)"),
+          rs(f"{RS}:1176", "fn register_with_data_parallel_rank_routes_to_specified_engine() {"),
+      ),
       needs=[Capability.GENERATE, Capability.DP_RANK])
 async def explicit_rank(ctx: CaseContext) -> None:
     group = await ctx.start(3)
@@ -226,9 +316,15 @@ async def explicit_rank(ctx: CaseContext) -> None:
                     observed=owner)
 
 
-@case("dp.routing.spread", Level.SHOULD,
-      "Without an explicit rank, concurrent requests should be spread over the engines.",
-      source=DPLB, needs=[Capability.GENERATE])
+@case("dp.routing.spread", Level.MUST,
+      "Without an explicit rank, concurrent requests are spread over the engines.",
+      grounds=both(
+          py(f"{CC}:1786", "score: float = max(self.client_count * inflight, waiting + running)"),
+          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
+          rs(f"{RS}:92", "self.inflight.max(stats.running + stats.waiting"),
+          rs(f"{RS}:97", "self.inflight += 1;"),
+          rs(f"{RS}:219", ".min_by_key(|(_, state)| state.routing_score())"),
+      ), needs=[Capability.GENERATE])
 async def routing_spread(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
     prompts = [prompt(i) for i in range(6)]

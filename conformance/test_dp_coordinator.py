@@ -2,14 +2,14 @@
 
 When the frontend launches the deployment it owns the DP coordinator: INIT names its
 engine-facing addresses (`coordinator_input` XPUB, `coordinator_output` PULL; Python
-utils.py:1265-1279, Rust HandshakeOwner with the in-process coordinator, client.rs
-coordinator_handshake_includes_engine_control_addresses), every engine subscribes and waits
-for its READY, engines PUSH `start_wave` / `wave_complete` / stats to it, and it publishes
-`START_DP_WAVE (wave, exclude_engine_index)` so the other engines join a wave one of them
-started (coordinator.py:412-456; inproc.rs). vLLM runs wave coordination for MoE models
-(utils.py:1267 `enable_wave_coordination=is_moe`; vllm-rs `serve` starts its coordinator for
-MoE with >1 engine, server/src/config.rs:383-401). A driver that cannot run such a frontend
-refuses the start: UNSUPPORTED with its reason.
+utils.py:1265-1279, Rust transport.rs:484-485 with the in-process coordinator under
+coordinator/), every engine subscribes and waits for its READY, engines PUSH `start_wave` /
+`wave_complete` / stats to it, and it publishes `START_DP_WAVE (wave, exclude_engine_index)`
+so the other engines join a wave one of them started (coordinator.py:412-456;
+coordinator/inproc.rs:96-130). vLLM runs wave coordination for MoE models (utils.py:1268
+`enable_wave_coordination=is_moe`; vllm-rs `serve` starts its coordinator for MoE with >1
+engine, server/src/config.rs:384-401). A driver that cannot run such a frontend refuses the
+start: UNSUPPORTED with its reason.
 """
 
 from __future__ import annotations
@@ -17,21 +17,89 @@ from __future__ import annotations
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability
+from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 
-INIT_SRC = ("vllm/v1/engine/utils.py:1265-1279 (0.33.0); rust client.rs "
-            "coordinator_handshake_includes_engine_control_addresses")
-REBROADCAST = ("vllm/v1/engine/coordinator.py:426-456 (0.33.0); rust coordinator/inproc.rs "
-               "StartWave; client.rs coordinator_rebroadcasts_engine_start_wave_control")
-WAVES = ("vllm/v1/engine/coordinator.py:412-441, core.py:2374-2385 (0.33.0); rust client.rs "
-         "coordinator_wave_control_tracks_pause_running_and_rebroadcasts")
-STATS = ("vllm/v1/engine/coordinator.py:380-410 (0.33.0); rust client.rs "
-         "coordinator_accepts_stats_only_outputs")
-ALONE = ("vllm/v1/engine/coordinator.py:43-46 'Only the engines start waves', core.py:"
-         "2374-2385 (0.33.0); rust client.rs coordinator_wave_control_tracks_pause_running_"
-         "and_rebroadcasts (engine 1 first hears (0, Some(0)))")
+INIT = both(
+    py("vllm/v1/engine/utils.py:1272",
+       "addresses.coordinator_input, addresses.coordinator_output = ("),
+    py("vllm/v1/engine/coordinator.py:247", 'if publish_back.recv() != b"\\x01":'),
+    py("vllm/v1/engine/coordinator.py:254", 'publish_back.send(b"READY")'),
+    py("vllm/v1/engine/core_client.py:1763",
+       "if (eng_index := request.data_parallel_rank) is None and ("),
+    rs("rust/src/engine-core-client/src/protocol/handshake.rs:121",
+       "pub coordinator_input: Option<String>,"),
+    rs("rust/src/engine-core-client/src/transport.rs:484",
+       "coordinator_input: coordinator.map(|c| c.input_address.clone()),"),
+    rs("rust/src/engine-core-client/src/transport.rs:485",
+       "coordinator_output: coordinator.map(|c| c.output_address.clone()),"),
+    rs("rust/src/engine-core-client/src/coordinator/bootstrap.rs:46",
+       "send_ready_to_engines(&mut self.input_socket).await?;"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:598",
+       "assert!(init.addresses.coordinator_input.is_some());"),
+    engine("vllm/v1/engine/core.py:1210",
+           "self.has_coordinator = addresses.coordinator_output is not None"),
+    engine("vllm/v1/engine/core.py:1984", 'assert coord_socket.recv() == b"READY"'),
+)
+REBROADCAST = both(
+    py("vllm/v1/engine/coordinator.py:440",
+       "self._send_start_wave(publish_back, wave, eng_index)"),
+    py("vllm/v1/engine/coordinator.py:455",
+       "wave_encoded = msgspec.msgpack.encode((wave, exclude_engine_index))"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:130",
+       "self.broadcast_start_wave(wave, Some(engine_index)).await?;"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:843",
+       "assert_eq!((wave, exclude_engine), (4, Some(1)));"),
+    engine("vllm/v1/engine/core.py:2425",
+           "if exclude_eng_index != self.engine_index and ("),
+)
+DUPLICATE = both(
+    py("vllm/v1/engine/coordinator.py:427", "wave > current_wave"),
+    py("vllm/v1/engine/coordinator.py:428",
+       "or (wave == current_wave and not engines_running)"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:114",
+       "if wave > state.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:115",
+       "|| (wave == state.current_wave && !state.engines_running)"),
+)
+WAVES = both(
+    py("vllm/v1/engine/coordinator.py:416", "if current_wave <= wave:"),
+    py("vllm/v1/engine/coordinator.py:444",
+       "publish_front.send(msgspec.msgpack.encode(message))"),
+    py("vllm/v1/engine/core_client.py:1589", "self.current_wave = wave"),
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:105",
+       "state.current_wave = wave + 1;"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:687",
+       "assert_eq!(request.current_wave, 1);"),
+    engine("vllm/v1/engine/core.py:2532",
+           "EngineCoreOutputs(wave_complete=self.current_wave),"),
+)
+STATS = both(
+    py("vllm/v1/engine/coordinator.py:368", "if scheduler_stats:"),
+    py("vllm/v1/engine/coordinator.py:404", "stats[0] = scheduler_stats.num_waiting_reqs"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:83",
+       "if batch.outputs.is_empty() && batch.finished_requests.is_none() =>"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:898",
+       "async fn coordinator_accepts_stats_only_outputs()"),
+    engine("vllm/v1/engine/core.py:2453",
+           "self.output_queue.put_nowait((-1, EngineCoreOutputs(scheduler_stats=stats)))"),
+)
+ALONE = both(
+    py("vllm/v1/engine/coordinator.py:45", "Only the engines start waves"),
+    py("vllm/v1/engine/core_client.py:1613",
+       "# The engine that receives it wakes the other ranks if they are idle."),
+    rs("rust/src/engine-core-client/src/client.rs:660",
+       "// The engine that receives it wakes the other ranks if they are idle."),
+    rs("rust/src/engine-core-client/src/tests/client.rs:628",
+       "// An idle engine handed a request starts the wave itself."),
+    engine("vllm/v1/engine/core.py:2381",
+           "# Engines alone start waves: have the coordinator wake the others."),
+)
 GEN = [Capability.GENERATE, Capability.DP_RANK]
 
 
@@ -56,7 +124,7 @@ for _n in (2, 3):
               f"With {n} engines and a frontend-owned DP coordinator, every INIT names the "
               "same coordinator input and output addresses; each engine's subscription is "
               "answered with READY and the frontend then serves every engine.",
-              source=INIT_SRC, needs=GEN)
+              grounds=INIT, needs=GEN)
         async def coordinator_addresses(ctx: CaseContext) -> None:
             group = await ctx.start(n, coordinated=True)
             inits = [r.message for r in group.transcript.select(direction="in",
@@ -89,7 +157,7 @@ for _n in (2, 3):
               f"With {n} engines, engine {sender} reporting start_wave(4) makes the "
               f"coordinator publish START_DP_WAVE (4, exclude={sender}) once to every "
               "engine: the others join the wave, the sender is not woken again.",
-              source=REBROADCAST, needs=GEN)
+              grounds=REBROADCAST, needs=GEN)
         async def start_wave_rebroadcast(ctx: CaseContext) -> None:
             group = await ctx.start(n, coordinated=True)
             group[sender].start_wave(4)
@@ -107,7 +175,7 @@ for _n in (2, 3):
 
 @case("dp.coordinator.duplicate_start_wave_not_rebroadcast", Level.MUST,
       "Once wave 0 runs (engine 0 started it), engine 1 reporting start_wave(0) too is a "
-      "duplicate: the coordinator publishes nothing more.", source=REBROADCAST, needs=GEN)
+      "duplicate: the coordinator publishes nothing more.", grounds=DUPLICATE, needs=GEN)
 async def duplicate_start_wave(ctx: CaseContext) -> None:
     group = await ctx.start(2, coordinated=True)
     group[0].start_wave(0)
@@ -126,7 +194,7 @@ async def duplicate_start_wave(ctx: CaseContext) -> None:
       "A request sent while the engines are paused does not make the frontend's coordinator "
       "publish START_DP_WAVE: only the engine that gets it starts the wave (reporting "
       "start_wave), and then the others hear (0, exclude=that engine) first.",
-      source=ALONE, needs=GEN)
+      grounds=ALONE, needs=GEN)
 async def engines_alone_start_waves(ctx: CaseContext) -> None:
     group = await ctx.start(2, coordinated=True)
     handle = await ctx.driver.generate(prompt(0), 2, data_parallel_rank=0)
@@ -145,7 +213,7 @@ async def engines_alone_start_waves(ctx: CaseContext) -> None:
 @case("dp.coordinator.wave_complete_next_wave", Level.MUST,
       "Engine 0 reporting wave_complete(0) to the coordinator moves the deployment to wave "
       "1: a request sent afterwards carries current_wave 1 (the first one carried 0).",
-      source=WAVES, needs=GEN)
+      grounds=WAVES, needs=GEN)
 async def wave_complete_next_wave(ctx: CaseContext) -> None:
     group = await ctx.start(2, coordinated=True)
     first = await ctx.driver.generate(prompt(0), 2, data_parallel_rank=0)
@@ -166,11 +234,11 @@ async def wave_complete_next_wave(ctx: CaseContext) -> None:
 @case("dp.coordinator.stats_only_tolerated", Level.MUST,
       "Stats-only messages from every engine on the coordinator path carry load, not wave "
       "control: the coordinator keeps working (a later start_wave(2) is rebroadcast) and the "
-      "frontend keeps serving.", source=STATS, needs=GEN)
+      "frontend keeps serving.", grounds=STATS, needs=GEN)
 async def stats_only_tolerated(ctx: CaseContext) -> None:
     group = await ctx.start(2, coordinated=True)
-    for engine in group.engines:
-        engine.coordinator_stats(waiting=1, running=2)
+    for each in group.engines:
+        each.coordinator_stats(waiting=1, running=2)
     await ctx.quiet(0.3)
     group[1].start_wave(2)
     rebroadcast = await _rebroadcast_seen(ctx, group, (2, 1))

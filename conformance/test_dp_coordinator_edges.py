@@ -1,18 +1,19 @@
 """A frontend-owned DP coordinator at its edges: load the engines report to it, what it must
 refuse on its engine-facing sockets, and its startup gate.
 
-vLLM 0.33.0's Python coordinator (`DPCoordinatorProc`, coordinator.py:186-456) keeps each
-engine's `(waiting, running)` from the stats-only messages engines PUSH to it (:365-407) and
+vLLM 0.33.0's Python coordinator (`DPCoordinatorProc`, coordinator.py:148-462) keeps each
+engine's `(waiting, running)` from the stats-only messages engines PUSH to it (:366-407) and
 publishes them to the frontends, whose DPLB client routes by `max(inflight, waiting +
-running)` (core_client.py:1763-1800). Rust's in-process coordinator accepts stats-only
-messages but does not track them for routing (coordinator/inproc.rs `handle_outputs`), so
-load routing is SHOULD. A message with request outputs, a utility reply or finished ids on
-the coordinator path is a wiring error: Python asserts (coordinator.py:383-384), Rust's
-runner bails ("received non-control output on coordinator path", inproc.rs) and closes the
-client's registries, so open streams and calls fail with that cause. The startup gate waits
-for every engine's subscription before READY (coordinator.py:245-253, bootstrap.rs:47-81).
-vLLM runs wave coordination (and so this coordinator in handshake mode) for MoE models; a
-driver that cannot run one refuses the start: UNSUPPORTED with its reason.
+running)` (core_client.py:1751-1812). Rust's in-process coordinator accepts stats-only
+messages but does not track them for routing (coordinator/inproc.rs:82-88), so load routing
+is SHOULD. A message with request outputs, a utility reply or finished ids on the coordinator
+path is a wiring error: Python asserts in the coordinator process (coordinator.py:363-364;
+finished ids pass unchecked), Rust's runner bails ("received non-control output on
+coordinator path", inproc.rs:134-137) and closes the client's registries (inproc.rs:199), so
+open streams and calls fail with that cause. The startup gate waits for every engine's
+subscription before READY (coordinator.py:245-254, bootstrap.rs:40-48). vLLM runs wave
+coordination (and so this coordinator in handshake mode) for MoE models; a driver that cannot
+run one refuses the start: UNSUPPORTED with its reason.
 """
 
 from __future__ import annotations
@@ -23,19 +24,118 @@ import re
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, require_refused_later, routed_engine
 from harness.frontends.driver import Capability, StreamHandle
+from harness.grounds import both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request
 
-LOAD = ("vllm/v1/engine/coordinator.py:365-407 (stats from the coordinator path), "
-        "core_client.py:1763-1800 (score max(inflight, waiting + running)) (0.33.0); rust "
-        "coordinator/inproc.rs handle_outputs: stats-only accepted, not used for routing")
-MISWIRED = ("vllm/v1/engine/coordinator.py:383-384 (asserts no outputs / utility reply) "
-            "(0.33.0); rust coordinator/inproc.rs handle_outputs bail_unexpected_coordinator_"
-            "output 'received non-control output on coordinator path' + close_registries")
-GATE = ("vllm/v1/engine/coordinator.py:245-253 (READY after every engine subscribed), "
-        ":351-360 (a later subscription gets READY again) (0.33.0); rust bootstrap.rs:47-81")
+LOAD = differ(
+    py("vllm/v1/engine/coordinator.py:404", "stats[0] = scheduler_stats.num_waiting_reqs"),
+    py("vllm/v1/engine/coordinator.py:405", "stats[1] = scheduler_stats.num_running_reqs"),
+    py("vllm/v1/engine/core_client.py:1598", "self.lb_engines = sliced_counts"),
+    py("vllm/v1/engine/core_client.py:1786",
+       "score: float = max(self.client_count * inflight, waiting + running)"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:86",
+       "Ignore since the Rust coordinator doesn't track stats for"),
+    rs("rust/src/engine-core-client/src/client/state.rs:92",
+       "self.inflight.max(stats.running + stats.waiting + self.admitted_since_stats)"),
+    engine("vllm/v1/engine/core.py:2453",
+           "self.output_queue.put_nowait((-1, EngineCoreOutputs(scheduler_stats=stats)))"),
+    note="python routes unpinned requests by the (waiting, running) counts its coordinator "
+         "collects and publishes (coordinator.py:404-405, core_client.py:1598, score "
+         "max(inflight, waiting + running) at :1786); rust's in-process coordinator accepts "
+         "stats-only messages but ignores them (inproc.rs:86-87) and routes by in-flight "
+         "counts plus main-path scheduler stats only (client/state.rs:92)")
+MISWIRED = differ(
+    py("vllm/v1/engine/coordinator.py:363", "assert not outputs.outputs"),
+    py("vllm/v1/engine/coordinator.py:364", "assert outputs.utility_output is None"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:136",
+       "received non-control output on coordinator path: {other:?}"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:199",
+       "inner.close_registries(Arc::new(error));"),
+    engine("vllm/v1/engine/core.py:2086", "if client_index == -1:"),
+    note="python's coordinator process asserts (coordinator.py:363-364) and exits, but "
+         "AsyncLLM does not watch it after startup, so open streams stay open and the client "
+         "serves on without a coordinator; rust's in-process coordinator bails ('received "
+         "non-control output on coordinator path', inproc.rs:134-137) and closes the client's "
+         "registries (inproc.rs:199). A real engine sends only client_index -1 outputs (stats, "
+         "wave control) there (core.py:2086-2090)")
+MISWIRED_FINISHED = differ(
+    py("vllm/v1/engine/coordinator.py:363", "assert not outputs.outputs"),
+    py("vllm/v1/engine/coordinator.py:364", "assert outputs.utility_output is None"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:83",
+       "if batch.outputs.is_empty() && batch.finished_requests.is_none() =>"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:136",
+       "received non-control output on coordinator path: {other:?}"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:199",
+       "inner.close_registries(Arc::new(error));"),
+    engine("vllm/v1/engine/core.py:2086", "if client_index == -1:"),
+    note="python's coordinator checks only outputs and utility_output (coordinator.py:363-364) "
+         "and ignores finished_requests, so the client serves on with the stream open; rust "
+         "treats a batch with finished ids as non-control (inproc.rs:83, 134-137) and fails the "
+         "client closed (inproc.rs:199). A real engine sends no finished ids there "
+         "(core.py:2086-2090)")
+UNDECODABLE = recommendation(
+    py("vllm/v1/engine/coordinator.py:361",
+       "outputs: EngineCoreOutputs = decoder.decode(buffer)"),
+    rs("rust/src/engine-core-client/src/transport.rs:627", "failed to decode output message"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:190",
+       "self.handle_outputs(outputs?).await?;"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:226",
+       "let _ = sender.send(Err(Error::Shared(persistent_error.clone())));"),
+    rs("rust/src/engine-core-client/src/error.rs:22",
+       "messagepack decode failed for {target_type}: {message}"),
+    note="corewire's advice, held by neither in full: python's coordinator decodes in its own "
+         "process (coordinator.py:361), the decode error ends that process unwatched, so open "
+         "streams stay open and a pending utility call is not failed; rust fails closed (the "
+         "coordinator output loop forwards the decode error, transport.rs:623-629, and the "
+         "runner closes the registries, inproc.rs:190, 199, failing streams and waiting "
+         "utility calls, imp.rs:225-226) but its error is the bare 'messagepack decode failed "
+         "for ...' (error.rs:22), which does not name the coordinator path. Naming it tells an "
+         "operator which socket carried the bad frame")
+DEAD_ON_PATH = recommendation(
+    py("vllm/v1/engine/coordinator.py:361",
+       "outputs: EngineCoreOutputs = decoder.decode(buffer)"),
+    rs("rust/src/engine-core-client/src/transport.rs:613",
+       "if frame.as_ref() == ENGINE_CORE_DEAD_SENTINEL {"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:190",
+       "self.handle_outputs(outputs?).await?;"),
+    rs("rust/src/engine-core-client/src/error.rs:39",
+       "#[error(\"engine core reported fatal failure\")]"),
+    engine("vllm/v1/engine/core.py:2079", "for socket in sockets:"),
+    note="corewire's advice, held by neither in full: python's coordinator cannot decode the "
+         "sentinel as EngineCoreOutputs (coordinator.py:361), its process ends unwatched and "
+         "the client serves on; rust maps the sentinel to EngineCoreDead (transport.rs:613-615) "
+         "and fails closed (inproc.rs:190, 199) but words it 'engine core reported fatal "
+         "failure' (error.rs:39), naming neither the coordinator path nor ENGINE_CORE_DEAD. A "
+         "real engine sends the sentinel only on its main output sockets (core.py:2078-2080); "
+         "failing closed on it anywhere keeps a dead engine from going unnoticed")
+GATE = both(
+    py("vllm/v1/engine/coordinator.py:246", "for _ in self.engines:"),
+    py("vllm/v1/engine/coordinator.py:247", 'if publish_back.recv() != b"\\x01":'),
+    py("vllm/v1/engine/coordinator.py:254", 'publish_back.send(b"READY")'),
+    rs("rust/src/engine-core-client/src/coordinator/bootstrap.rs:45",
+       "wait_for_engine_subscriptions(&mut self.input_socket, engine_count, ready_timeout)"),
+    rs("rust/src/engine-core-client/src/coordinator/bootstrap.rs:46",
+       "send_ready_to_engines(&mut self.input_socket).await?;"),
+    rs("rust/src/engine-core-client/src/coordinator/bootstrap.rs:58",
+       "while received < engine_count {"),
+    engine("vllm/v1/engine/core.py:1984", 'assert coord_socket.recv() == b"READY"'),
+)
+RESUBSCRIBE = differ(
+    py("vllm/v1/engine/coordinator.py:298", "newly started engine subscribed"),
+    py("vllm/v1/engine/coordinator.py:305", 'publish_back.send(b"READY")'),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:164",
+       "if is_engine_subscription(&message) {"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:171",
+       "self.broadcast_start_wave(state.current_wave, None).await?;"),
+    engine("vllm/v1/engine/core.py:1995", 'if type_frame.buffer == b"READY":'),
+    note="python's coordinator answers every later subscription with READY again "
+         "(coordinator.py:297-305, meant for elastic-EP engines started later); rust's "
+         "in-process coordinator sends no second READY and instead replays a running wave as "
+         "START_DP_WAVE (wave, None) (inproc.rs:164-171). Engines ignore a READY after "
+         "startup (core.py:1995), so both keep working")
 GEN = [Capability.GENERATE]
 
 
@@ -68,11 +168,11 @@ for _name, _loads, _idle, _count in LOADS:
               f"own DP coordinator (stats-only messages), {sent} to engine {idle}, the "
               "least loaded (waiting and "
               "running both count; Python routes by the coordinator's counts, Rust's "
-              "in-process coordinator ignores them).", source=LOAD, needs=GEN)
+              "in-process coordinator ignores them).", grounds=LOAD, needs=GEN)
         async def load_routes(ctx: CaseContext) -> None:
             group = await ctx.start(n, coordinated=True)
-            for engine, (waiting, running) in zip(group.engines, loads, strict=True):
-                engine.coordinator_stats(waiting=waiting, running=running)
+            for each, (waiting, running) in zip(group.engines, loads, strict=True):
+                each.coordinator_stats(waiting=waiting, running=running)
             await ctx.quiet(0.5)  # the coordinator applies (and publishes) the counts
             at = [await routed_engine(ctx, group, 600 + 10 * n + i) for i in range(count)]
             # Without the counts every engine ties and a rotating (or rank-0-first)
@@ -142,7 +242,8 @@ for _kind in MISWIRED_KINDS:
                   "the frontend's DP coordinator (which only takes stats and wave control) "
                   "should make the client fail closed: the open stream ends with an error "
                   f"that names the coordinator path and engine {sender}, and a later "
-                  "request is refused.", source=MISWIRED,
+                  "request is refused.",
+                  grounds=MISWIRED_FINISHED if kind == "finished_requests" else MISWIRED,
                   needs=[Capability.GENERATE, Capability.DP_RANK, Capability.REQUEST_ERRORS])
             async def miswired(ctx: CaseContext) -> None:
                 group = await ctx.start([EngineScript(rules=[any_request(hold())])
@@ -171,7 +272,7 @@ for _raw, _cause in ((b"\xc1 not msgpack", "decod"), (b"ENGINE_CORE_DEAD", "engi
               f"the open stream ends with an error naming the coordinator path and "
               f"{'the decode failure' if cause == 'decod' else 'ENGINE_CORE_DEAD'}, a "
               "pending utility call fails at once, and a later request is refused.",
-              source=MISWIRED + "; rust decode errors close the registries",
+              grounds=UNDECODABLE if cause == "decod" else DEAD_ON_PATH,
               needs=[Capability.GENERATE, Capability.DP_RANK, Capability.REQUEST_ERRORS,
                      Capability.IS_SLEEPING])
         async def raw_on_path(ctx: CaseContext) -> None:
@@ -211,7 +312,7 @@ for _n, _slow in ((2, 1), (3, 0), (3, 2)):
               f"With {n} engines where engine {slow} subscribes to the coordinator late, "
               "the coordinator publishes READY only after every engine subscribed: no "
               f"engine receives READY before engine {slow}'s subscription was sent.",
-              source=GATE, needs=GEN)
+              grounds=GATE, needs=GEN)
         async def ready_waits(ctx: CaseContext) -> None:
             scripts = [EngineScript(coordinator_subscribe_delay=ctx.t(0.6) if i == slow
                                     else 0.0) for i in range(n)]
@@ -240,7 +341,7 @@ for _n, _slow in ((2, 1), (3, 0), (3, 2)):
       "After startup, an engine subscribing to the coordinator again (its connection was "
       "re-established) should get READY again, and the coordinator keeps working: a later "
       "start_wave(3) from engine 1 is rebroadcast as START_DP_WAVE (3, 1).",
-      source=GATE, needs=GEN)
+      grounds=RESUBSCRIBE, needs=GEN)
 async def late_subscription(ctx: CaseContext) -> None:
     group = await ctx.start(2, coordinated=True)
 
@@ -267,10 +368,22 @@ async def late_subscription(ctx: CaseContext) -> None:
 
 # ---------------------------------------------------------------- DP control on the main path
 
-CONTROL = ("rust client.rs client_fail_closes_when_main_output_path_receives_dp_control; "
-           "rust error.rs UnexpectedDispatcherOutput 'unexpected output on main dispatcher "
-           "path: {message}'; vllm/v1/engine/core.py:2078-2090 (client_index -1 -> "
-           "coordinator only)")
+CONTROL = differ(
+    py("vllm/v1/engine/core_client.py:1259", "if outputs.outputs or outputs.scheduler_stats:"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:527",
+       "received unexpected output on main dispatcher path: {other:?}"),
+    rs("rust/src/engine-core-client/src/error.rs:56",
+       "unexpected output on main dispatcher path: {message}"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1069",
+       "assert!(is_unexpected_dispatcher_output(&error_1));"),
+    engine("vllm/v1/engine/core.py:2086", "if client_index == -1:"),
+    engine("vllm/v1/engine/core.py:2528", "client_index = -1 if self.has_coordinator else 0"),
+    note="python's async client drops a start_wave / wave_complete-only message on its main "
+         "output path (core_client.py:1259 queues only outputs or scheduler_stats), so the "
+         "stream stays open and there is no error to word; rust fails closed with "
+         "UnexpectedDispatcherOutput 'unexpected output on main dispatcher path' "
+         "(imp.rs:526-527, error.rs:56). With a coordinator, engines send DP control to it "
+         "only (core.py:2086, 2528); without one an engine sends wave_complete to client 0")
 
 for _kind in ("start_wave", "wave_complete"):
     def _make_control_text(kind: str = _kind) -> None:
@@ -278,7 +391,7 @@ for _kind in ("start_wave", "wave_complete"):
               f"When a {kind} message reaches the main output path and the client fails "
               "closed, the open stream's error should say why: that DP control arrived on "
               "the main output path (vllm-rs: 'unexpected output on main dispatcher path').",
-              source=CONTROL, needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
+              grounds=CONTROL, needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
         async def control_text(ctx: CaseContext) -> None:
             group = await ctx.start([EngineScript(rules=[any_request(hold())])
                                      for _ in range(2)])

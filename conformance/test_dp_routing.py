@@ -2,10 +2,11 @@
 and load balancing by in-flight count.
 
 Both 0.33.0 frontends validate an explicit rank (Python: `input_processor.py:396-400`
-"data_parallel_rank ... is out of range"; Rust: `Error::InvalidDataParallelRank`) and send
-nothing for a refused request; both route unpinned requests to the engine with the fewest
-in-flight requests (Python DPLB `core_client.py:1763-1800` floors the score at its own
-in-flight count; Rust `client/state.rs` routing_score = inflight before stats arrive).
+"data_parallel_rank ... is out of range"; Rust: `Error::InvalidDataParallelRank`,
+client/state.rs:202-206) and send nothing for a refused request; both route unpinned requests
+to the engine with the fewest in-flight requests (Python DPLB `core_client.py:1786` floors the
+score at its own in-flight count; Rust `client/state.rs:87-92` routing_score likewise). A
+negative rank differs: vllm-rs's HTTP server treats a rank header that is not a u32 as absent.
 """
 
 from __future__ import annotations
@@ -13,14 +14,63 @@ from __future__ import annotations
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import Capability, FrontendError, StreamHandle
+from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, any_request, by_prompt
 
-RANGE = ("vllm/v1/engine/input_processor.py:396-400 (0.33.0); rust-client.md §1.6 "
-         "InvalidDataParallelRank")
-LB = ("vllm/v1/engine/core_client.py:1763-1800 DPLB engine_inflight floor (0.33.0); "
-      "rust-client.md §1.6 routing_score")
+CC = "vllm/v1/engine/core_client.py"
+IP = "vllm/v1/engine/input_processor.py"
+RS = "rust/src/engine-core-client/src/client/state.rs"
+RC = "rust/src/engine-core-client/src/client.rs"
+RT = "rust/src/engine-core-client/src/tests/client.rs"
+SCHED = "vllm/v1/core/sched/scheduler.py"
+
+_PY_INFLIGHT = py(f"{CC}:1786",
+                  "score: float = max(self.client_count * inflight, waiting + running)")
+_RS_SCORE = rs(f"{RS}:92", "self.inflight.max(stats.running + stats.waiting")
+_RS_MIN = rs(f"{RS}:219", ".min_by_key(|(_, state)| state.routing_score())")
+
+# A pinned request goes to exactly that engine.
+EXPLICIT = both(
+    py(f"{CC}:1763", "if (eng_index := request.data_parallel_rank) is None and ("),
+    py(f"{CC}:1808", "chosen_engine = self.core_engines[eng_index]"),
+    rs(f"{RS}:202", "if let Some(rank) = data_parallel_rank {"),
+    rs(f"{RS}:203", "u16::try_from(rank).ok().map(EngineId::from_engine_index)"),
+    rs(f"{RS}:1176", "fn register_with_data_parallel_rank_routes_to_specified_engine() {"),
+)
+# A rank outside [0, engines) is refused before anything is sent.
+RANGE = both(
+    py(f"{IP}:396",
+       "if data_parallel_rank is not None and not (0 <= data_parallel_rank < num_ranks):"),
+    py(f"{IP}:397", "raise VLLMValidationError("),
+    rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
+    rs(f"{RS}:206", ".ok_or_else(|| Error::InvalidDataParallelRank {"),
+    rs(f"{RS}:1233", "crate::error::Error::InvalidDataParallelRank {"),
+)
+NEGATIVE = differ(
+    py("vllm/entrypoints/generate/base/serving.py:226", "return int(rank_str)"),
+    py(f"{IP}:396",
+       "if data_parallel_rank is not None and not (0 <= data_parallel_rank < num_ranks):"),
+    rs("rust/src/server/src/utils.rs:154",
+       "`None` when the header is absent or cannot be parsed as a `u32`."),
+    rs("rust/src/server/src/utils.rs:158", ".and_then(|s| s.trim().parse().ok());"),
+    rs("rust/src/server/src/grpc/inference.rs:209",
+       "x-data-parallel-rank metadata must be an unsigned 32-bit integer"),
+    note="python's HTTP layer parses the rank with int(), so -1 reaches the range check and "
+         "is refused (serving.py:226, input_processor.py:396); vllm-rs's HTTP server "
+         "deliberately treats a rank header that does not parse as u32 as absent and "
+         "load-balances the request (utils.rs:154-158; its gRPC path refuses it, "
+         "inference.rs:209)")
+# Unpinned requests go to the engine with the fewest of this client's requests in flight.
+LB = both(
+    py(f"{CC}:1785", "inflight = self.engine_inflight[self.core_engines[idx]]"),
+    _PY_INFLIGHT,
+    py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
+    rs(f"{RS}:89", "return self.inflight;"),
+    _RS_SCORE, _RS_MIN,
+    rs(f"{RT}:1988", "fn multi_engine_client_shares_transport_and_routes_by_inflight_count()"),
+)
 PINNED = [Capability.GENERATE, Capability.DP_RANK]
 
 
@@ -45,7 +95,7 @@ for _n in (1, 2, 3, 4):
     def _make_explicit(n: int = _n) -> None:
         @case(f"dp.routing.explicit_every_rank_{n}_engines", Level.MUST,
               f"With {n} engine(s), a request pinned to data_parallel_rank r goes to engine r "
-              "only, for every r, in any order.", source=RANGE, needs=PINNED)
+              "only, for every r, in any order.", grounds=EXPLICIT, needs=PINNED)
         async def explicit_every_rank(ctx: CaseContext) -> None:
             await _explicit_every_rank(ctx, n)
 
@@ -89,7 +139,7 @@ for _n in (1, 2, 3, 4):
     def _make_out_of_range(n: int = _n) -> None:
         @case(f"dp.routing.rank_out_of_range_{n}_engines", Level.MUST,
               f"With {n} engine(s), data_parallel_rank={n} (one past the last) is refused with "
-              "an error and no ADD is sent; the frontend keeps serving.", source=RANGE,
+              "an error and no ADD is sent; the frontend keeps serving.", grounds=RANGE,
               needs=PINNED)
         async def rank_out_of_range(ctx: CaseContext) -> None:
             await _rank_refused(ctx, n, n)
@@ -98,16 +148,16 @@ for _n in (1, 2, 3, 4):
     _make_out_of_range()
 
 
-@case("dp.routing.rank_negative", Level.MUST,
-      "data_parallel_rank=-1 is refused with an error and no ADD is sent (not taken as "
-      "'the last engine').", source=RANGE, needs=PINNED)
+@case("dp.routing.rank_negative", Level.SHOULD,
+      "data_parallel_rank=-1 should be refused with an error and no ADD sent (not taken as "
+      "'the last engine').", grounds=NEGATIVE, needs=PINNED)
 async def rank_negative(ctx: CaseContext) -> None:
     await _rank_refused(ctx, 3, -1)
 
 
 @case("dp.routing.rank_far_out_of_range", Level.MUST,
       "data_parallel_rank=1000 with 2 engines is refused (not wrapped modulo the count).",
-      source=RANGE, needs=PINNED)
+      grounds=RANGE, needs=PINNED)
 async def rank_far_out_of_range(ctx: CaseContext) -> None:
     await _rank_refused(ctx, 2, 1000)
 
@@ -142,7 +192,7 @@ for _n, _free in ((2, 1), (3, 1), (4, 2), (4, 3)):
     def _make_least_loaded(n: int = _n, free: int = _free) -> None:
         @case(f"dp.routing.least_loaded_{n}_engines_idle_{free}", Level.MUST,
               f"With {n} engines of which only engine {free} has nothing in flight, an "
-              f"unpinned request goes to engine {free}.", source=LB, needs=PINNED)
+              f"unpinned request goes to engine {free}.", grounds=LB, needs=PINNED)
         async def least_loaded(ctx: CaseContext) -> None:
             await _least_loaded(ctx, n, free)
 
@@ -153,8 +203,17 @@ for _n, _free in ((2, 1), (3, 1), (4, 2), (4, 3)):
 @case("dp.routing.finished_requests_free_capacity", Level.MUST,
       "Requests that finished no longer count as in flight: after three requests on engine "
       "0 finish while two stay open on engine 1, the next unpinned request goes to engine 0.",
-      source=f"{LB}; rust client.rs multi_engine_client_shares_transport_and_routes_by_"
-             "inflight_count; core_client.py:1819-1826", needs=PINNED)
+      grounds=both(
+          py(f"{CC}:1822", "if outputs.finished_requests and self.reqs_in_flight:"),
+          py(f"{CC}:1825", "self.engine_inflight[engine] -= 1"),
+          _PY_INFLIGHT,
+          rs(f"{RS}:252", "if output.finished() {"),
+          rs(f"{RS}:253", "match self.remove(output.request_id.as_str()) {"),
+          rs(f"{RS}:108", "self.inflight -= 1;"),
+          rs(f"{RS}:1102",
+             "fn registry_finished_requests_do_not_route_live_work_to_a_busier_engine()"),
+          engine(f"{SCHED}:2653", "eco.finished_requests = finished_set"),
+      ), needs=PINNED)
 async def finished_free_capacity(ctx: CaseContext) -> None:
     short = [prompt(200 + i) for i in range(3)]
     rules = [*(by_prompt(p, [Emit([100]), Finish(tokens=[101], delay=0.05)]) for p in short),
@@ -199,6 +258,18 @@ async def _reported_load(ctx: CaseContext, loads: list[tuple[int, int]], idle: i
                 observed=f"at engine {found[0] if found else None}")
 
 
+REPORTED = both(
+    py(f"{CC}:1598", "self.lb_engines = sliced_counts"),
+    _PY_INFLIGHT,
+    py("vllm/v1/engine/coordinator.py:404", "stats[0] = scheduler_stats.num_waiting_reqs"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:490",
+       "if !inner.apply_scheduler_stats(batch.engine_index, scheduler_stats) {"),
+    rs(f"{RS}:326", "pub fn apply_scheduler_stats(&mut self, engine_index: u32"),
+    _RS_SCORE,
+    note="the frontends take the engines' load from different channels: python from the "
+         "coordinator's published counts (built from the engines' scheduler_stats), vllm-rs "
+         "from the scheduler_stats on the output path; the case offers both")
+
 for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1)):
     def _make_reported(loads: list[tuple[int, int]] = _loads, idle: int = _idle) -> None:
         n = len(loads)
@@ -207,9 +278,7 @@ for _loads, _idle in (([(0, 5), (0, 0)], 1), ([(2, 3), (0, 0), (0, 4)], 1)):
               f"Load an engine reports (other clients' requests: coordinator counts and "
               f"scheduler_stats {loads}) counts for routing: an unpinned request goes to "
               f"engine {idle}, the idle one, although this client has nothing in flight.",
-              source="vllm/v1/engine/core_client.py:1781-1790 score = max(inflight, waiting "
-                     "+ running) (0.33.0); rust-client.md §1.6 apply_scheduler_stats",
-              needs=PINNED)
+              grounds=REPORTED, needs=PINNED)
         async def reported_load(ctx: CaseContext) -> None:
             await _reported_load(ctx, loads, idle)
 
@@ -222,9 +291,18 @@ for _n in (1, 2):
         @case(f"dp.client.index_on_every_message_{n}_engines", Level.MUST,
               f"With {n} engine(s), a single frontend stamps one client_index (0) on every "
               "ADD and UTILITY it sends, so engines route its outputs to its output socket.",
-              source="vllm/v1/engine/core_client.py:1340, 1611 (0.33.0); core.py:2078-2090; "
-                     "rust client.rs client_fail_closes_when_main_output_path_receives_dp_"
-                     "control (client_index stamped)",
+              grounds=both(
+                  py(f"{CC}:1340", "request.client_index = self.client_index"),
+                  py(f"{CC}:1611", "request.client_index = self.client_index"),
+                  py(f"{CC}:1330",
+                     "*self.encoder.encode((self.client_index, call_id, method, args)),"),
+                  rs(f"{RC}:626", "req.client_index = self.config.client_index;"),
+                  rs(f"{RC}:747", "EngineCoreUtilityRequest::new(self.config.client_index"),
+                  engine("vllm/v1/engine/core.py:1775",
+                         "(client_idx, EngineCoreOutputs(utility_output=out))"),
+                  engine(f"{SCHED}:2511", "outputs[request.client_index].append("),
+                  engine("vllm/v1/engine/core.py:2102", "sockets[client_index], buffers"),
+              ),
               needs=[Capability.GENERATE, Capability.IS_SLEEPING])
         async def client_index(ctx: CaseContext) -> None:
             group = await ctx.start(n)
@@ -245,7 +323,14 @@ for _n in (1, 2):
 @case("dp.routing.least_loaded_burst", Level.MUST,
       "Requests just sent count at once: two pinned to engine 0 and two to engine 2, then "
       "immediately an unpinned one (no output or coordinator update in between) goes to "
-      "engine 1.", source=LB, needs=PINNED)
+      "engine 1.",
+      grounds=both(
+          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
+          _PY_INFLIGHT,
+          rs(f"{RS}:97", "self.inflight += 1;"),
+          rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
+          _RS_SCORE,
+      ), needs=PINNED)
 async def least_loaded_burst(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
     for i, rank in enumerate((0, 2, 0, 2)):
@@ -264,8 +349,14 @@ async def least_loaded_burst(ctx: CaseContext) -> None:
       "snapshot does not erase them: the 6 unpinned requests sent next go 2 to each of "
       "engines 1-3, none to engine 0 (the frontend's own in-flight count is a floor under "
       "the snapshot's load: Python max(inflight, waiting + running), Rust likewise).",
-      source=LB + "; core_client.py:1778-1787 (the in-flight floor); rust-client.md §1.6 "
-      "routing_score", needs=PINNED)
+      grounds=both(
+          py(f"{CC}:1781", "in-flight floor is exact and can't be erased by a snapshot"),
+          _PY_INFLIGHT,
+          rs(f"{RS}:92", "self.inflight.max(stats.running + stats.waiting"),
+          rs(f"{RS}:913", "fn routing_score_uses_inflight_as_scheduler_stats_lower_bound()"),
+          rs("rust/src/engine-core-client/src/coordinator/external.rs:31",
+             "intentionally ignores it for routing decisions."),
+      ), needs=PINNED)
 async def burst_even_despite_stale_snapshot(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(4)])
     coordinator = group.coordinator

@@ -13,9 +13,10 @@ still count its remaining requests, once where it must no longer count the ended
 The DP coordinator's snapshot shows no load (as a stale one does), so nothing but the
 frontend's own count can steer the routing.
 
-Also here: an ADD pinned to a rank carries that rank (the engine's and the coordinator's
-view of the pin), and load an engine reports only in the scheduler_stats of its outputs
-counts for routing (vllm-rs does; the Python client does not, baselined).
+Also here: an ADD pinned to a rank carries that rank (both frontends stamp it, though no
+0.33.0 engine or coordinator reads the field, so SHOULD), and load an engine reports only in
+the scheduler_stats of its outputs counts for routing (vllm-rs does; the Python client does
+not, baselined).
 """
 
 from __future__ import annotations
@@ -26,15 +27,31 @@ from dataclasses import dataclass
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, StreamHandle
+from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import Emit, EngineScript, Finish, Rule, any_request, by_prompt
 
 F = m.FinishReason
-SOURCE = ("vllm 0.33.0 core_client.py:1781-1790 (score = max(inflight, waiting + running)), "
-          "1819-1826 (finished_requests release the slot); rust-client.md §1.6 "
-          "(EngineRoutingState.inflight, released when the request leaves the registry)")
+CC = "vllm/v1/engine/core_client.py"
+RS = "rust/src/engine-core-client/src/client/state.rs"
+_PY_SCORE = py(f"{CC}:1786",
+               "score: float = max(self.client_count * inflight, waiting + running)")
+_RS_SCORE = rs(f"{RS}:92", "self.inflight.max(stats.running + stats.waiting")
+# A request that ends, however it ends, releases exactly its own in-flight slot.
+SLOT = both(
+    py(f"{CC}:1824", "if (engine := self.reqs_in_flight.pop(req_id, None)) is not None:"),
+    py(f"{CC}:1825", "self.engine_inflight[engine] -= 1"),
+    _PY_SCORE,
+    rs(f"{RS}:253", "match self.remove(output.request_id.as_str()) {"),
+    rs(f"{RS}:360", "let Some((mut sender, engine_id)) = self.remove(request_id) else {"),
+    rs(f"{RS}:383", "let tracked = self.requests.remove(request_id)?;"),
+    rs(f"{RS}:108", "self.inflight -= 1;"),
+    _RS_SCORE,
+    engine("vllm/v1/core/sched/scheduler.py:3056",
+           "self.finished_req_ids_dict[request.client_index].add(request_id)"),
+)
 PINNED = [Capability.GENERATE, Capability.DP_RANK]
 ENDING = [prompt(700 + i) for i in range(2)]  # two requests on engine 0 that end
 STOP = " t101"
@@ -102,7 +119,7 @@ def _make_slot_case(kind: EndKind) -> None:
           f"on engine 0 and 2 on engine 1, two more on engine "
           f"0 that {kind.text} free exactly their own slots: the next unpinned request goes "
           "to engine 1 (3 vs 2 in flight); after one more is pinned to engine 1 (3 vs 4), "
-          "the next goes to engine 0.", source=SOURCE, needs=[*PINNED, *kind.needs])
+          "the next goes to engine 0.", grounds=SLOT, needs=[*PINNED, *kind.needs])
     async def run(ctx: CaseContext) -> None:
         rules = [*kind.rules(), any_request(hold())]
         # report_finished: real DP engines list finished and aborted ids, which the Python
@@ -146,12 +163,21 @@ for _kind in KINDS:
 
 
 def _make_pinned_rank_stamped(engines: int) -> None:
-    @case(f"dp.routing.pinned_rank_on_add_{engines}_engines", Level.MUST,
-          f"With {engines} engines, an ADD pinned with data_parallel_rank r carries r in its "
-          "data_parallel_rank field (the engine's and coordinator's view of the pin); an "
-          "unpinned ADD carries none.",
-          source="vllm 0.33.0 async_llm.py add_request (data_parallel_rank on the "
-                 "EngineCoreRequest); core_client.py:1761 (routing reads it)",
+    @case(f"dp.routing.pinned_rank_on_add_{engines}_engines", Level.SHOULD,
+          f"With {engines} engines, an ADD pinned with data_parallel_rank r should carry r in "
+          "its data_parallel_rank field; an unpinned ADD carries none.",
+          grounds=both(
+              py("vllm/v1/engine/input_processor.py:550",
+                 "data_parallel_rank=data_parallel_rank,"),
+              py("vllm/v1/engine/__init__.py:127", "data_parallel_rank: int | None"),
+              rs("rust/src/text/src/lower.rs:73",
+                 "data_parallel_rank: request.data_parallel_rank,"),
+              rs("rust/src/engine-core-client/src/protocol/request.rs:91",
+                 "pub data_parallel_rank: Option<u32>,"),
+              note="both frontends stamp the pin on the ADD, but no 0.33.0 engine or "
+                   "coordinator reads EngineCoreRequest.data_parallel_rank (only the python "
+                   "client's own routing does, core_client.py:1763, before sending), so a "
+                   "port that omits it breaks nothing: SHOULD"),
           needs=[Capability.GENERATE, Capability.DP_RANK])
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript() for _ in range(engines)])
@@ -181,9 +207,30 @@ for _n in (2, 3):
 
 # ----------------------------------------------------------------- load in scheduler_stats
 
-STATS_SRC = ("rust-client.md §1.6 (apply_scheduler_stats: an engine's last scheduler_stats "
-             "{waiting, running} is its routing load); contract-coverage.md #9; vllm 0.33.0 "
-             "SchedulerStats num_waiting_reqs / num_running_reqs")
+_RS_STATS = (
+    rs("rust/src/engine-core-client/src/client/imp.rs:490",
+       "if !inner.apply_scheduler_stats(batch.engine_index, scheduler_stats) {"),
+    rs(f"{RS}:330", "waiting: stats.num_waiting_reqs as usize,"),
+    rs(f"{RS}:331", "running: stats.num_running_reqs as usize,"),
+    rs(f"{RS}:117", "self.last_scheduler_stats = Some(next);"),
+    _RS_SCORE,
+)
+STATS_LOAD = differ(
+    py("vllm/v1/engine/async_llm.py:932", "scheduler_stats=outputs.scheduler_stats,"),
+    py(f"{CC}:1768", "current_counts = self.lb_engines"),
+    _PY_SCORE,
+    *_RS_STATS,
+    note="python routes by the coordinator's counts and its own in-flight count only; the "
+         "scheduler_stats on the output path go to the stat loggers (async_llm.py:932); "
+         "vllm-rs takes each engine's latest scheduler_stats as its routing load "
+         "(imp.rs:490, state.rs:326-331)")
+STATS_IDLE = both(
+    py(f"{CC}:1785", "inflight = self.engine_inflight[self.core_engines[idx]]"),
+    _PY_SCORE,
+    *_RS_STATS,
+    note="python holds it through its in-flight count alone (it ignores scheduler_stats for "
+         "routing); vllm-rs replaces an engine's snapshot with its latest scheduler_stats, so "
+         "an idle report of 0 / 0 scores 0")
 STATS_LOADS = {
     "running_2_engines": [(0, 4), (0, 0)],
     "waiting_2_engines": [(4, 0), (0, 0)],
@@ -198,7 +245,7 @@ def _make_stats_only_load(name: str, loads: list[tuple[int, int]]) -> None:
           f"Load that engines report only in the scheduler_stats of their outputs ((waiting, "
           f"running) {loads}; the DP coordinator publishes nothing meanwhile) should count for "
           f"routing: an unpinned request goes to engine {idle}, the idle one.",
-          source=STATS_SRC, needs=[Capability.GENERATE, Capability.DP_RANK])
+          grounds=STATS_LOAD, needs=[Capability.GENERATE, Capability.DP_RANK])
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(log_stats=True, reported_load=load,
                                               load_in_stats_only=True) for load in loads])
@@ -229,7 +276,7 @@ for _name, _loads in STATS_LOADS.items():
       "An engine whose latest scheduler_stats (the stats-only message it sends once idle) "
       "report 0 waiting and 0 running counts as idle: an unpinned request goes there, not "
       "to the engine with one of this client's requests in flight (the DP coordinator "
-      "publishes nothing meanwhile).", source=STATS_SRC,
+      "publishes nothing meanwhile).", grounds=STATS_IDLE,
       needs=[Capability.GENERATE, Capability.DP_RANK])
 async def stats_idle_report_counts_zero(ctx: CaseContext) -> None:
     # Engine 1 reports stats (log_stats); engine 0 does not and holds one request.

@@ -2,12 +2,13 @@
 arriving where it must not.
 
 The coordinator publishes `(counts, current_wave, engines_running)` on its XPUB; both 0.33.0
-frontends subscribe and stamp the newest `current_wave` on each ADD (Python DPLB
-`core_client.py:1588-1611`; Rust `client/stream.rs` "stamps current_wave from its snapshot",
-bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_no_wakeup). Engines
-send `wave_complete` / `start_wave` only to the coordinator (`core.py:2078-2090`, client
-index -1); the Rust client fails closed when they reach its main output path
-(client_fail_closes_when_main_output_path_receives_dp_control).
+frontends subscribe and stamp the newest `current_wave` on each ADD (Python DPAsyncMPClient
+`core_client.py:1577-1590, 1610`; Rust coordinator/external.rs:70 and client.rs:662,
+bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_no_wakeup). With a
+coordinator, engines send `wave_complete` / `start_wave` only to it (`core.py:2086-2090,
+2528`, client index -1); the Rust client fails closed when they reach its main output path
+(client_fail_closes_when_main_output_path_receives_dp_control), the Python one drops them
+(core_client.py:1259).
 """
 
 from __future__ import annotations
@@ -15,15 +16,62 @@ from __future__ import annotations
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for, require_refused_later
 from harness.frontends.driver import Capability
+from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 
-STAMP = ("vllm/v1/engine/core_client.py:1588-1611 (0.33.0); rust client.rs "
-         "bootstrapped_external_coordinator_updates_wave_ignores_counts_and_sends_no_wakeup")
-CONTROL = ("rust client.rs client_fail_closes_when_main_output_path_receives_dp_control; "
-           "vllm/v1/engine/core.py:2078-2090 (client_index -1 -> coordinator only)")
+STAMP = both(
+    py("vllm/v1/engine/core_client.py:1589", "self.current_wave = wave"),
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:70",
+       "state.current_wave = update.wave;"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:3387",
+       "assert_eq!(request.current_wave, 7);"),
+    engine("vllm/v1/engine/core.py:1148", "return req, request.current_wave"),
+    engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"),
+)
+NEWEST = both(
+    py("vllm/v1/engine/core_client.py:1579",
+       "# Drain all stats events (we only care about latest)."),
+    py("vllm/v1/engine/core_client.py:1589", "self.current_wave = wave"),
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:88",
+       "let publish = self.socket.recv().await.map_err(Error::from)?;"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:70",
+       "state.current_wave = update.wave;"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+    engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"),
+)
+RUNNING = both(
+    py("vllm/v1/engine/core_client.py:1590", "self.engines_running = running"),
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:71",
+       "state.engines_running = update.engines_running;"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+    engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"),
+)
+CONTROL = differ(
+    py("vllm/v1/engine/core_client.py:1259", "if outputs.outputs or outputs.scheduler_stats:"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:527",
+       "received unexpected output on main dispatcher path: {other:?}"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:537",
+       "inner.close_registries(Arc::new(error));"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:977",
+       "async fn client_fail_closes_when_main_output_path_receives_dp_control()"),
+    engine("vllm/v1/engine/core.py:2086", "if client_index == -1:"),
+    engine("vllm/v1/engine/core.py:2528", "client_index = -1 if self.has_coordinator else 0"),
+    note="python's async client drops a start_wave / wave_complete-only message on its main "
+         "output path (core_client.py:1259 queues only outputs or scheduler_stats) and keeps "
+         "serving; rust treats it as UnexpectedDispatcherOutput (imp.rs:526-527) and closes "
+         "its registries (imp.rs:537). With a coordinator, engines send DP control to it only "
+         "(core.py:2086, 2528); without one an engine sends wave_complete to client 0 "
+         "(core.py:2528), so dropping it is not wrong in itself")
 GEN = [Capability.GENERATE]
 
 
@@ -56,7 +104,7 @@ for _n, _wave in ((2, 1), (3, 7), (4, 12)):
     def _make_stamped(n: int = _n, wave: int = _wave) -> None:
         @case(f"dp.wave.add_carries_wave_{wave}_{n}_engines", Level.MUST,
               f"With {n} engines, after the coordinator publishes current_wave={wave}, an "
-              f"ADD carries current_wave {wave}.", source=STAMP, needs=GEN)
+              f"ADD carries current_wave {wave}.", grounds=STAMP, needs=GEN)
         async def add_carries_wave(ctx: CaseContext) -> None:
             group = await ctx.start(n)
             await _publish_wave(ctx, group, wave)
@@ -70,7 +118,7 @@ for _n, _wave in ((2, 1), (3, 7), (4, 12)):
 
 @case("dp.wave.add_follows_newest_wave", Level.MUST,
       "The wave on an ADD follows the coordinator's newest publication (2, then 5), not the "
-      "first one the frontend saw.", source=STAMP, needs=GEN)
+      "first one the frontend saw.", grounds=NEWEST, needs=GEN)
 async def add_follows_newest(ctx: CaseContext) -> None:
     group = await ctx.start(2)
     seen = []
@@ -82,8 +130,7 @@ async def add_follows_newest(ctx: CaseContext) -> None:
 
 @case("dp.wave.wave_while_running", Level.MUST,
       "A wave published while the engines are running (engines_running=true) is stamped "
-      "on the ADD too.", source=STAMP + "; rust client.rs bootstrapped_external_coordinator_"
-                                        "running_state_suppresses_wakeup", needs=GEN)
+      "on the ADD too.", grounds=RUNNING, needs=GEN)
 async def wave_while_running(ctx: CaseContext) -> None:
     group = await ctx.start(2)
     await _publish_wave(ctx, group, 4, running=True)
@@ -91,9 +138,19 @@ async def wave_while_running(ctx: CaseContext) -> None:
     ctx.require(got == 4, expected="ADD current_wave 4", observed=f"current_wave {got}")
 
 
-NO_WAKEUP = ("rust client.rs bootstrapped_external_coordinator_updates_wave_ignores_counts_"
-             "and_sends_no_wakeup; vllm/v1/engine/coordinator.py:311-354, core_client.py:"
-             "1606-1611 (0.33.0: the engine that gets the ADD wakes the others)")
+NO_WAKEUP = both(
+    py("vllm/v1/engine/core_client.py:1542", 'await socket.send(b"\\x01")'),
+    py("vllm/v1/engine/core_client.py:1613",
+       "# The engine that receives it wakes the other ranks if they are idle."),
+    py("vllm/v1/engine/coordinator.py:354",
+       "DP Coordinator received unexpected message from front-end"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:88",
+       "let publish = self.socket.recv().await.map_err(Error::from)?;"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:3373",
+       "// The engine that receives the request starts the wave, not the frontend."),
+    engine("vllm/v1/engine/core.py:2381",
+           "# Engines alone start waves: have the coordinator wake the others."),
+)
 SUBSCRIPTIONS = (b"\x01", b"\x00")  # what a 0.33.0 coordinator ignores from a frontend
 
 for _n in (2, 3):
@@ -103,7 +160,7 @@ for _n in (2, 3):
               "7), requests to every engine send the coordinator nothing but a plain "
               "subscription: no wake-up, no request notice (a 0.33.0 coordinator logs any "
               "other frontend message as unexpected; the engines start the wave).",
-              source=NO_WAKEUP, needs=GEN)
+              grounds=NO_WAKEUP, needs=GEN)
         async def no_wakeup(ctx: CaseContext) -> None:
             group = await ctx.start([EngineScript(rules=[any_request(hold())])
                                      for _ in range(n)])
@@ -136,9 +193,9 @@ def _control(engine: int, kind: str) -> m.EngineCoreOutputs:
 for _kind in ("start_wave", "wave_complete"):
     def _make_control(kind: str = _kind) -> None:
         @case(f"dp.wave.{kind}_on_main_path_fails_closed", Level.SHOULD,
-              f"A {kind} message on the main output path (engines send it to the "
-              "coordinator only) should make the client fail closed: open streams end with "
-              "an error and later requests are refused.", source=CONTROL,
+              f"A {kind} message on the main output path (with a coordinator, engines send "
+              "it to the coordinator only) should make the client fail closed: open streams "
+              "end with an error and later requests are refused.", grounds=CONTROL,
               needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
         async def control_fails_closed(ctx: CaseContext) -> None:
             group = await ctx.start([EngineScript(rules=[any_request(hold())])

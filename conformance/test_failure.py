@@ -13,12 +13,102 @@ import time
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError
+from harness.grounds import both, defect, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.script import EngineScript, Finish, any_request, by_prompt, stream
 
-PR = "PR #40364"
-DEATH = "protocol-python.md §10.1 (EngineDeadError)"
+ERROR_FINISH = both(
+    py("vllm/entrypoints/generate/base/serving.py:202", 'if finish_reason == "error":'),
+    py("vllm/v1/request.py:409", "RequestStatus.FINISHED_ERROR: FinishReason.ERROR,"),
+    rs("rust/src/llm/src/output.rs:156",
+       "EngineCoreFinishReason::Error => FinishReason::Error(error),"),
+    rs("rust/src/server/src/routes/openai/completions.rs:499",
+       "FinishReason::Error(error) => Err(engine_error(error.as_deref())),"),
+    engine("vllm/v1/core/sched/scheduler.py:2557",
+           "if failed_kv_load_req_ids and not self.recompute_kv_load_failures:"),
+    engine("vllm/v1/core/sched/scheduler.py:2566", "error_req_ids, RequestStatus.FINISHED_ERROR"),
+)
+ERROR_PAYLOAD = both(
+    py("vllm/v1/engine/output_processor.py:765",
+       "if error is not None and req_state.queue is not None:"),
+    py("vllm/v1/engine/output_processor.py:767", "req_state.queue.put(error.to_exception())"),
+    rs("rust/src/llm/src/output.rs:156",
+       "EngineCoreFinishReason::Error => FinishReason::Error(error),"),
+    rs("rust/src/server/src/routes/openai/chat_completions.rs:837",
+       "FinishReason::Error(error) => Err(engine_error(error.as_deref())),"),
+    engine("vllm/v1/engine/core.py:1805", 'code="engine_paused",'),
+    engine("vllm/v1/engine/core.py:1810",
+           "[request.request_id], request.client_index, FinishReason.ERROR, error"),
+)
+RECOMPUTE = both(
+    py("vllm/v1/engine/async_llm.py:880", "outputs = await engine_core.get_output_async()"),
+    py("vllm/v1/engine/output_processor.py:779",
+       "new_token_ids = engine_core_output.new_token_ids"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:464",
+       "for output in inner.send_outputs(outputs) {"),
+    engine("vllm/v1/core/sched/scheduler.py:187",
+           'self.recompute_kv_load_failures = kv_load_failure_policy == "recompute"'),
+    engine("vllm/v1/core/sched/scheduler.py:3699", "request.num_computed_tokens = 0"),
+)
+DEAD_STREAMS = both(
+    py("vllm/v1/engine/core_client.py:586",
+       "if len(frames) == 1 and (frames[0].buffer == EngineCoreProc.ENGINE_CORE_DEAD):"),
+    py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
+    py("vllm/v1/engine/async_llm.py:944", "output_processor.propagate_error(e)"),
+    rs("rust/src/engine-core-client/src/transport.rs:615",
+       "let _ = tx.send(Err(Error::EngineCoreDead)).await;"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:223",
+       "sender.send_error(Error::Shared(persistent_error.clone()));"),
+    engine("vllm/v1/engine/core.py:2078", "if output == EngineCoreProc.ENGINE_CORE_DEAD:"),
+)
+DEAD_PENDING_UTILITY = defect(
+    py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
+    py("vllm/v1/engine/core_client.py:1327", "self.utility_results[call_id] = future"),
+    py("vllm/v1/engine/core_client.py:1334", "return await future"),
+    rs("rust/src/engine-core-client/src/transport.rs:615",
+       "let _ = tx.send(Err(Error::EngineCoreDead)).await;"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:226",
+       "let _ = sender.send(Err(Error::Shared(persistent_error.clone())));"),
+    engine("vllm/v1/engine/core.py:2078", "if output == EngineCoreProc.ENGINE_CORE_DEAD:"),
+    note="python deviates: on ENGINE_CORE_DEAD the output task forwards EngineDeadError only "
+         "to outputs_queue (core_client.py:1261-1262) and never fails the futures in "
+         "utility_results (:1327), so a caller awaiting a utility reply (:1334) hangs (hang); "
+         "rust closes its registries and fails every waiting utility call (imp.rs:225-226)")
+LATER_CALLS = both(
+    py("vllm/v1/engine/core_client.py:587", "self.engine_dead = True"),
+    py("vllm/v1/engine/async_llm.py:418", "if self.errored:"),
+    py("vllm/v1/engine/core_client.py:808", "if self.resources.engine_dead:"),
+    py("vllm/v1/engine/core_client.py:1296", "self.ensure_alive()"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:120", "if registry.is_closed() {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:130", "return Err(self.closed_error());"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1784",
+       'let error = client.call_utility::<bool, _>("is_sleeping", ()).await.unwrap_err();'),
+)
+GARBAGE = both(
+    py("vllm/v1/engine/core_client.py:1219",
+       "outputs: EngineCoreOutputs = decoder.decode(frames)"),
+    py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
+    py("vllm/v1/engine/async_llm.py:944", "output_processor.propagate_error(e)"),
+    rs("rust/src/engine-core-client/src/transport.rs:623", "Err(error) => {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:537",
+       "inner.close_registries(Arc::new(error));"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1359",
+       "async fn dispatcher_failure_propagates_to_streams_and_future_calls()"),
+)
+SOCKET_CLOSED = recommendation(
+    py("vllm/v1/engine/core_client.py:1217",
+       "frames = await output_socket.recv_multipart(copy=False)"),
+    py("vllm/v1/engine/core_client.py:834", "engine_manager.monitor_engine_liveness()"),
+    rs("rust/src/engine-core-client/src/transport.rs:596",
+       "let message = match output_socket.recv().await {"),
+    rs("rust/src/engine-core-client/src/transport.rs:603",
+       "let _ = tx.send(Err(Error::Transport(error))).await;"),
+    note="corewire's advice, held by neither for engines the frontend did not start: python "
+         "notices only the death of engine processes it launched (core_client.py:824-838) "
+         "and otherwise waits on recv_multipart (:1217); rust ends its output loop only on a "
+         "receive error (transport.rs:596-604), which a ZMQ PULL does not raise when a peer "
+         "goes away. Without a liveness check open streams wait forever")
 ERR = [Capability.GENERATE, Capability.REQUEST_ERRORS]
 DEAD = [Capability.GENERATE, Capability.ENGINE_DEATH]
 F = m.FinishReason
@@ -49,14 +139,14 @@ async def _run_three(ctx: CaseContext, failing: Finish) -> None:
 @case("failure.kv_load.fail_policy", Level.MUST,
       "A request finished with ERROR and no tokens (KV-load failure, policy 'fail') ends "
       "that stream with an error; its neighbours and later requests are unaffected.",
-      source=PR, needs=ERR)
+      grounds=ERROR_FINISH, needs=ERR)
 async def kv_fail_policy(ctx: CaseContext) -> None:
     await _run_three(ctx, Finish(F.ERROR))
 
 
 @case("failure.request_error.with_payload", Level.MUST,
       "A request finished with ERROR and a RequestError payload ends only that stream.",
-      source="protocol-python.md §6.2 (error field)", needs=ERR)
+      grounds=ERROR_PAYLOAD, needs=ERR)
 async def request_error_payload(ctx: CaseContext) -> None:
     await _run_three(ctx, Finish(F.ERROR, error=m.RequestError(
         "engine_paused", "Generation is paused. Please retry after it resumes.", True)))
@@ -64,7 +154,7 @@ async def request_error_payload(ctx: CaseContext) -> None:
 
 @case("failure.request_error.after_tokens", Level.MUST,
       "A request that fails after streaming some tokens ends with an error, not success.",
-      source=PR, needs=ERR)
+      grounds=ERROR_FINISH, needs=ERR)
 async def error_after_tokens(ctx: CaseContext) -> None:
     p = prompt(0)
     await ctx.start([EngineScript(rules=[by_prompt(p, [*stream([100, 101])[:1],
@@ -77,7 +167,7 @@ async def error_after_tokens(ctx: CaseContext) -> None:
 
 @case("failure.kv_load.recompute_policy", Level.MUST,
       "A request delayed by recompute (no output for a while, then complete output) "
-      "reaches the user unchanged.", source=PR, needs=[Capability.GENERATE])
+      "reaches the user unchanged.", grounds=RECOMPUTE, needs=[Capability.GENERATE])
 async def recompute(ctx: CaseContext) -> None:
     p = prompt(0)
     late = [*stream([300, 301, 302])]
@@ -93,7 +183,8 @@ async def recompute(ctx: CaseContext) -> None:
 
 
 @case("failure.engine_dead.streams_fail", Level.MUST,
-      "ENGINE_CORE_DEAD makes every open stream end with an error promptly.", source=DEATH,
+      "ENGINE_CORE_DEAD makes every open stream end with an error promptly.",
+      grounds=DEAD_STREAMS,
       needs=DEAD)
 async def dead_streams(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())])])
@@ -109,7 +200,7 @@ async def dead_streams(ctx: CaseContext) -> None:
 
 @case("failure.engine_dead.pending_utility_fails", Level.MUST,
       "ENGINE_CORE_DEAD makes a pending utility call fail promptly (within 1 s).",
-      source=DEATH,
+      grounds=DEAD_PENDING_UTILITY,
       needs=[Capability.IS_SLEEPING, Capability.ENGINE_DEATH])
 async def dead_pending_utility(ctx: CaseContext) -> None:
     from mock_engines.script import UtilityReply
@@ -134,7 +225,8 @@ async def dead_pending_utility(ctx: CaseContext) -> None:
 
 
 @case("failure.engine_dead.later_calls_fail_fast", Level.MUST,
-      "After ENGINE_CORE_DEAD, new requests and utility calls fail fast.", source=DEATH,
+      "After ENGINE_CORE_DEAD, new requests and utility calls fail fast.",
+      grounds=LATER_CALLS,
       needs=[*DEAD, Capability.IS_SLEEPING])
 async def dead_later_calls(ctx: CaseContext) -> None:
     group = await ctx.start(1)
@@ -162,7 +254,7 @@ async def dead_later_calls(ctx: CaseContext) -> None:
 @case("failure.garbage_output.bounded", Level.MUST,
       "A garbage frame on the output socket leads to a defined outcome within a bound: "
       "open streams end (with an error) or complete; nothing hangs.",
-      source="rust-client.md §1.3; protocol-python.md §6.5", needs=[Capability.GENERATE])
+      grounds=GARBAGE, needs=[Capability.GENERATE])
 async def garbage_output(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())])])
     handle = await ctx.driver.generate(prompt(0), 100)
@@ -176,7 +268,7 @@ async def garbage_output(ctx: CaseContext) -> None:
 
 @case("failure.socket_closed.bounded", Level.SHOULD,
       "If an engine's sockets close, open streams should end with an error within a "
-      "bound instead of hanging.", source="protocol-python.md §10.1", needs=DEAD)
+      "bound instead of hanging.", grounds=SOCKET_CLOSED, needs=DEAD)
 async def socket_closed(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())])])
     handle = await ctx.driver.generate(prompt(0), 100)

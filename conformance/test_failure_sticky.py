@@ -1,10 +1,14 @@
 """Sticky failure: one broken output message or ENGINE_CORE_DEAD ends the client for good.
 
-Both 0.33.0 frontends stop reading outputs at the first undecodable message (Rust: the
-dispatcher closes its registries with the first error and `call` / `call_utility` return it
-from then on; Python: the output task dies, AsyncLLM is `errored` and refuses new work), so
-a port must fail every open stream AND every later call promptly, whichever engine (of 1..4)
-sent the bad frame, instead of serving on with a reader that lost sync or hanging.
+Both 0.33.0 frontends stop serving at the first undecodable message (Rust: the dispatcher
+closes its registries with the first error and `call` / `call_utility` return it from then on,
+client/imp.rs:215-227, 120-131; Python: the output task dies, core_client.py:1261-1262, and
+AsyncLLM is `errored`, async_llm.py:1386, and refuses new generation, :418). Python's utility
+calls are not gated by `errored`, only by `engine_dead` (core_client.py:808, 1296), which a
+decode failure does not set: a later utility call is sent, but nothing reads its reply any
+more, so it hangs; that is a Python defect. A port must fail every open stream AND every later
+call promptly, whichever engine (of 1..4) sent the bad frame, instead of serving on with a
+reader that lost sync or hanging.
 """
 
 from __future__ import annotations
@@ -18,17 +22,59 @@ import msgspec
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, StreamHandle
+from harness.grounds import both, defect, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import WireCodec
 from harness.wire import messages as m
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
 
-RUST = ("rust-client.md §1.3/§1.9 (close_registries: first error sticks); Rust tests "
-        "output_loop_failure_marks_client_unhealthy_and_records_first_error, "
-        "dispatcher_failure_propagates_to_streams_and_future_calls")
-PY = "vllm/v1/engine/core_client.py:1214-1262, async_llm.py:856-940 and :1385 (errored)"
-DEAD_RUST = "engine_core_dead_sentinel_marks_client_unhealthy_and_sticks"
+GARBAGE_STICKS = defect(
+    py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
+    py("vllm/v1/engine/async_llm.py:944", "output_processor.propagate_error(e)"),
+    py("vllm/v1/engine/async_llm.py:418", "if self.errored:"),
+    py("vllm/v1/engine/core_client.py:808", "if self.resources.engine_dead:"),
+    py("vllm/v1/engine/core_client.py:1195", "if resources.output_queue_task is not None:"),
+    py("vllm/v1/engine/core_client.py:1334", "return await future"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:537",
+       "inner.close_registries(Arc::new(error));"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:120", "if registry.is_closed() {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:130", "return Err(self.closed_error());"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1417",
+       "assert!(is_decode_error(&add_error));"),
+    note="python deviates: after an undecodable output message the output task ends "
+         "(core_client.py:1261-1262) without setting engine_dead, so streams fail "
+         "(async_llm.py:944) and generate is refused (:418), but a later utility call passes "
+         "ensure_alive (core_client.py:808, 1296), is sent, and awaits a future (:1334) that "
+         "nothing resolves because the reader is gone and is not restarted (:1195): the call "
+         "hangs (hang); rust closes its registries on the first error (imp.rs:537) and refuses "
+         "every later request and utility call (imp.rs:120-131)")
+DEAD_STICKS = both(
+    py("vllm/v1/engine/core_client.py:587", "self.engine_dead = True"),
+    py("vllm/v1/engine/async_llm.py:944", "output_processor.propagate_error(e)"),
+    py("vllm/v1/engine/async_llm.py:418", "if self.errored:"),
+    py("vllm/v1/engine/core_client.py:808", "if self.resources.engine_dead:"),
+    py("vllm/v1/engine/core_client.py:1296", "self.ensure_alive()"),
+    rs("rust/src/engine-core-client/src/transport.rs:615",
+       "let _ = tx.send(Err(Error::EngineCoreDead)).await;"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:120", "if registry.is_closed() {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:130", "return Err(self.closed_error());"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1741",
+       "async fn engine_core_dead_sentinel_marks_client_unhealthy_and_sticks()"),
+    engine("vllm/v1/engine/core.py:2078", "if output == EngineCoreProc.ENGINE_CORE_DEAD:"),
+)
+GARBAGE_PENDING = defect(
+    py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
+    py("vllm/v1/engine/core_client.py:1327", "self.utility_results[call_id] = future"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:226",
+       "let _ = sender.send(Err(Error::Shared(persistent_error.clone())));"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1682",
+       'let error = client.call_utility::<bool, _>("is_sleeping", ()).await.unwrap_err();'),
+    note="python deviates: an undecodable output message is forwarded only to outputs_queue "
+         "(core_client.py:1261-1262); the futures in utility_results (:1327) are never "
+         "failed, so a utility call waiting for another engine hangs (hang); rust's "
+         "dispatcher closes its registries and fails every waiting utility call "
+         "(imp.rs:225-226)")
 STICKY = [Capability.GENERATE, Capability.IS_SLEEPING]
 FAILED = ("error",)
 
@@ -108,7 +154,7 @@ def _make_garbage_case(kind: str, engines: int) -> None:
           f"With {engines} engine(s), {text} from the last engine ends every open stream "
           "(on every engine) with an error, and every later call (generate, is_sleeping) "
           "fails within 2 s instead of being served or hanging.",
-          source=f"{RUST}; {PY}", needs=STICKY)
+          grounds=GARBAGE_STICKS, needs=STICKY)
     async def run(ctx: CaseContext) -> None:
         engs, handles = await _open_holding(ctx, engines)
         engs[-1].send_garbage(frames(ctx.engines.codec))
@@ -129,7 +175,7 @@ def _make_dead_case(engines: int) -> None:
     @case(f"failure.sticky.engine_dead_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), ENGINE_CORE_DEAD from the last engine ends every open "
           "stream with an error and every later call fails within 2 s.",
-          source=f"rust-client.md §1.9, {DEAD_RUST}; protocol-python.md §10.1",
+          grounds=DEAD_STICKS,
           needs=[*STICKY, Capability.ENGINE_DEATH])
     async def run(ctx: CaseContext) -> None:
         engs, handles = await _open_holding(ctx, engines)
@@ -148,8 +194,7 @@ for _n in (1, 2, 3, 4):
 @case("failure.sticky.garbage_fails_pending_utility", Level.MUST,
       "A utility call still waiting for an engine's reply fails promptly (within 1 s) when "
       "another engine's output message cannot be decoded.",
-      source=("rust-client.md §1.9; Rust test dispatcher_failure_propagates_to_waiting_"
-              "utility_calls"), needs=[Capability.IS_SLEEPING])
+      grounds=GARBAGE_PENDING, needs=[Capability.IS_SLEEPING])
 async def garbage_pending_utility(ctx: CaseContext) -> None:
     never = EngineScript(utilities={"is_sleeping": UtilityReply(never=True)})
     group = await ctx.start([EngineScript(), never])

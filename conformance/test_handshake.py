@@ -15,11 +15,109 @@ import msgspec
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability, StartupError
+from harness.grounds import both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, default_ready
 
-CLIENT = "vllm/v1/engine/core_client.py (0.33.0)"
-READY = "vllm/v1/engine/__init__.py EngineCoreReadyResponse (0.33.0)"
+CC = "vllm/v1/engine/core_client.py"
+RDY = "vllm/v1/engine/__init__.py"
+CORE = "vllm/v1/engine/core.py"
+TR = "rust/src/engine-core-client/src/transport.rs"
+HS = "rust/src/engine-core-client/src/protocol/handshake.rs"
+CL = "rust/src/engine-core-client/src/client.rs"
+TESTS = "rust/src/engine-core-client/src/tests/client.rs"
+
+# The ready wait ends only when every expected identity registered, and a pinned request
+# reaches the engine of that rank.
+REGISTER_ALL = both(
+    py(f"{CC}:760", "while identities:"),
+    py(f"{CC}:774", "identities.remove(identity)"),
+    py(f"{CC}:1808", "chosen_engine = self.core_engines[eng_index]"),
+    rs(f"{TR}:515", "while !pending.is_empty() {"),
+    rs(f"{TR}:531", "if !pending.remove(&actual_id) {"),
+    rs("rust/src/engine-core-client/src/client/state.rs:203",
+       "let engine_id = u16::try_from(rank).ok().map(EngineId::from_engine_index);"),
+    engine(f"{CORE}:1979", "input_socket.send(ready_payload)"),
+)
+MAX_LEN_MIN = both(
+    py(f"{CC}:869", "vllm_config.model_config.max_model_len = min("),
+    rs(f"{CL}:547", ".map(|engine| engine.ready_response.max_model_len as u32)"),
+    engine(f"{CORE}:1887", "max_model_len=self.vllm_config.model_config.max_model_len,"),
+)
+GPU_BLOCKS_SUM = both(
+    py(f"{CC}:876", "num_gpu_blocks += response.num_gpu_blocks"),
+    rs(f"{CL}:528", ".map(|engine| engine.ready_response.num_gpu_blocks).sum()"),
+    engine(f"{CORE}:1888", "num_gpu_blocks=self.vllm_config.cache_config.num_gpu_blocks"),
+)
+BLOCK_SIZE = both(
+    py(f"{CC}:882", "cache_config.block_size = response.block_size"),
+    rs("rust/src/server/src/grpc/control.rs:214",
+       "kv_block_size: ready.block_size.min(u64::from(u32::MAX)) as u32,"),
+    rs(f"{CL}:499", "pub fn ready_response(&self) -> &EngineCoreReadyResponse {"),
+    engine(f"{CORE}:1889", "block_size=self.vllm_config.cache_config.block_size,"),
+)
+BLOCK_SIZE_DISAGREE = recommendation(
+    py(f"{CC}:882", "cache_config.block_size = response.block_size"),
+    rs(f"{CL}:495", "Return the first engine's ready response."),
+    rs("rust/src/server/src/grpc/control.rs:214",
+       "kv_block_size: ready.block_size.min(u64::from(u32::MAX)) as u32,"),
+    note="corewire's advice: neither 0.33.0 frontend compares block_size across engines "
+         "(python keeps the last registered engine's, core_client.py:882; rust reports the "
+         "first engine's, client.rs:495); a silent pick hides a misconfigured engine",
+)
+# The ready frame is decoded strictly into EngineCoreReadyResponse (a decode error fails
+# startup); the engine always sends the full struct.
+READY_DECODE = both(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    rs(f"{TR}:543",
+       "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+    engine(f"{CORE}:1974", "ready_payload = msgspec.msgpack.encode(ready_response)"),
+)
+READY_BLOCK_SIZE_FIELD = both(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    py(f"{RDY}:83", "block_size: int"),
+    rs(f"{TR}:543",
+       "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+    rs(f"{HS}:57", "pub block_size: u64,"),
+)
+READY_MAX_LEN_FIELD = both(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    py(f"{RDY}:81", "max_model_len: int"),
+    rs(f"{TR}:543",
+       "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+    rs(f"{HS}:53", "pub max_model_len: u64,"),
+)
+UNKNOWN_KEYS = both(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    rs(f"{HS}:50", "pub struct EngineCoreReadyResponse {"),
+    engine(f"{CORE}:1890", "mamba_block_size=self.vllm_config.cache_config.mamba_block_size,"),
+    engine(f"{CORE}:1929", "coordinator_input_address=self.addresses.coordinator_input,"),
+    note="load-bearing: the 0.33.0 engine sends mamba_block_size, coord_store_port and the "
+         "coordinator addresses, which rust's struct does not declare (handshake.rs:50-110)",
+)
+NEVER_REGISTERS = both(
+    py(f"{CC}:761", "if not sync_input_socket.poll("),
+    py(f"{CC}:764", "raise TimeoutError("),
+    rs(f"{TR}:516", "let registration = timeout(ready_timeout, input_socket.recv())"),
+    rs(f"{TR}:517", "Error::InputRegistrationTimeout {"),
+    rs(f"{TESTS}:3266", "async fn bootstrapped_connect_times_out_without_registration() {"),
+)
+NEVER_REGISTERS_NAMED = recommendation(
+    py(f"{CC}:765", "Timed out waiting for engine core processes to"),
+    rs("rust/src/engine-core-client/src/error.rs:46",
+       "engine input registration timed out after {timeout:?}"),
+    note="corewire's advice: neither 0.33.0 frontend names the engine that never registered "
+         "(python: 'Timed out waiting for engine core processes to start', rust: 'engine "
+         "input registration timed out'), though both know the pending identities",
+)
+EMPTY_PAYLOAD = differ(
+    py(f"{CC}:857", "if payload"),
+    py(f"{CC}:867", "if response is None:"),
+    rs(f"{TR}:537", "if frames[1].is_empty() {"),
+    engine(f"{CORE}:1974", "ready_payload = msgspec.msgpack.encode(ready_response)"),
+    note="python treats an empty ready payload as 'no config to sync' (core_client.py:857, "
+         ":867); rust refuses it (transport.rs:537-540); a 0.33.0 engine never sends one",
+)
 
 
 def _ready(rank: int, dp: int = 1, **fields: object) -> EngineScript:
@@ -52,7 +150,8 @@ async def _expect_startup_failure(ctx: CaseContext, scripts: list[EngineScript],
 
 @case("handshake.register.all_engines", Level.MUST,
       "The frontend serves only once every engine identity has registered, and then "
-      "reaches each of them.", source=CLIENT, needs=[Capability.GENERATE, Capability.DP_RANK])
+      "reaches each of them.", grounds=REGISTER_ALL,
+      needs=[Capability.GENERATE, Capability.DP_RANK])
 async def register_all(ctx: CaseContext) -> None:
     group = await ctx.start(2)
     for rank in (0, 1):
@@ -68,7 +167,7 @@ async def register_all(ctx: CaseContext) -> None:
 
 @case("handshake.ready.max_model_len_min", Level.MUST,
       "max_model_len is the minimum over the engines' ready responses.",
-      source=CLIENT, needs=[Capability.MAX_MODEL_LEN])
+      grounds=MAX_LEN_MIN, needs=[Capability.MAX_MODEL_LEN])
 async def max_model_len_min(ctx: CaseContext) -> None:
     await ctx.start([_ready(0, 2, max_model_len=1000), _ready(1, 2, max_model_len=900)])
     cfg = await ctx.driver.observed_config()
@@ -78,7 +177,7 @@ async def max_model_len_min(ctx: CaseContext) -> None:
 
 @case("handshake.ready.num_gpu_blocks_sum", Level.MUST,
       "num_gpu_blocks is the sum over the engines' ready responses.",
-      source=CLIENT, needs=[Capability.NUM_GPU_BLOCKS])
+      grounds=GPU_BLOCKS_SUM, needs=[Capability.NUM_GPU_BLOCKS])
 async def num_gpu_blocks_sum(ctx: CaseContext) -> None:
     await ctx.start([_ready(0, 2, num_gpu_blocks=100), _ready(1, 2, num_gpu_blocks=250)])
     cfg = await ctx.driver.observed_config()
@@ -88,7 +187,7 @@ async def num_gpu_blocks_sum(ctx: CaseContext) -> None:
 
 @case("handshake.ready.block_size_single", Level.MUST,
       "block_size is taken from the engine's ready response, not the frontend's default.",
-      source="PR #42967", needs=[Capability.BLOCK_SIZE])
+      grounds=BLOCK_SIZE, needs=[Capability.BLOCK_SIZE])
 async def block_size_single(ctx: CaseContext) -> None:
     await ctx.start([_ready(0, block_size=1056)])
     cfg = await ctx.driver.observed_config()
@@ -98,7 +197,7 @@ async def block_size_single(ctx: CaseContext) -> None:
 
 @case("handshake.ready.block_size_dp_equal", Level.MUST,
       "With DP engines reporting the same block_size, the frontend uses that value.",
-      source="PR #42967", needs=[Capability.BLOCK_SIZE])
+      grounds=BLOCK_SIZE, needs=[Capability.BLOCK_SIZE])
 async def block_size_dp_equal(ctx: CaseContext) -> None:
     await ctx.start([_ready(0, 2, block_size=32), _ready(1, 2, block_size=32)])
     cfg = await ctx.driver.observed_config()
@@ -107,7 +206,7 @@ async def block_size_dp_equal(ctx: CaseContext) -> None:
 
 @case("handshake.ready.block_size_dp_disagree", Level.SHOULD,
       "DP engines that report different block_size values should be detected (refusing "
-      "to start), not silently resolved.", source="PR #42967; semantics.md (c)",
+      "to start), not silently resolved.", grounds=BLOCK_SIZE_DISAGREE,
       needs=[Capability.BLOCK_SIZE])
 async def block_size_dp_disagree(ctx: CaseContext) -> None:
     try:
@@ -122,20 +221,21 @@ async def block_size_dp_disagree(ctx: CaseContext) -> None:
 
 @case("handshake.ready.missing_block_size", Level.MUST,
       "A ready response without the required block_size key is rejected at startup with "
-      "a clear error, promptly (no hang).", source="PR #42967")
+      "a clear error, promptly (no hang).", grounds=READY_BLOCK_SIZE_FIELD)
 async def missing_block_size(ctx: CaseContext) -> None:
     await _expect_startup_failure(ctx, [_raw_ready(0, drop="block_size")], within=4)
 
 
 @case("handshake.ready.missing_max_model_len", Level.MUST,
       "A ready response without the required max_model_len key is rejected at startup, "
-      "promptly.", source=READY)
+      "promptly.", grounds=READY_MAX_LEN_FIELD)
 async def missing_max_model_len(ctx: CaseContext) -> None:
     await _expect_startup_failure(ctx, [_raw_ready(0, drop="max_model_len")], within=4)
 
 
 @case("handshake.ready.garbage_payload", Level.MUST,
-      "A ready frame that is not msgpack is rejected at startup, promptly.", source=READY)
+      "A ready frame that is not msgpack is rejected at startup, promptly.",
+      grounds=READY_DECODE)
 async def garbage_ready(ctx: CaseContext) -> None:
     await _expect_startup_failure(ctx, [EngineScript(ready_payload=b"\xc1\xc1garbage")],
                                   within=4)
@@ -143,14 +243,14 @@ async def garbage_ready(ctx: CaseContext) -> None:
 
 @case("handshake.ready.wrong_field_type", Level.MUST,
       "A ready response whose block_size is a string is rejected at startup, promptly.",
-      source=READY)
+      grounds=READY_BLOCK_SIZE_FIELD)
 async def wrong_type_ready(ctx: CaseContext) -> None:
     await _expect_startup_failure(ctx, [_raw_ready(0, block_size="16")], within=4)
 
 
 @case("handshake.ready.unknown_keys_ignored", Level.MUST,
       "Unknown extra keys in a ready response are ignored (newer engines add fields).",
-      source=READY, needs=[Capability.GENERATE])
+      grounds=UNKNOWN_KEYS, needs=[Capability.GENERATE])
 async def unknown_keys(ctx: CaseContext) -> None:
     await ctx.start([_raw_ready(0, some_future_field={"x": 1}, another=[1, 2])])
     handle = await ctx.driver.generate(prompt(0), 2)
@@ -161,7 +261,7 @@ async def unknown_keys(ctx: CaseContext) -> None:
 
 @case("handshake.register.never_registers", Level.MUST,
       "An engine that never registers makes startup fail with a bounded error.",
-      source=CLIENT, timeout=20)
+      grounds=NEVER_REGISTERS, timeout=20)
 async def never_registers(ctx: CaseContext) -> None:
     scripts = [EngineScript(), EngineScript(register=False)]
     began = time.monotonic()
@@ -176,7 +276,7 @@ async def never_registers(ctx: CaseContext) -> None:
 
 @case("handshake.register.never_registers_named", Level.SHOULD,
       "The startup error for an engine that never registers should name that engine.",
-      source=CLIENT, timeout=20)
+      grounds=NEVER_REGISTERS_NAMED, timeout=20)
 async def never_registers_named(ctx: CaseContext) -> None:
     try:
         await ctx.start([EngineScript(), EngineScript(register=False)], startup_timeout=1.5)
@@ -190,7 +290,7 @@ async def never_registers_named(ctx: CaseContext) -> None:
 
 @case("handshake.ready.empty_payload", Level.INFO,
       "Records whether the frontend accepts an empty ready payload (vLLM's Python client "
-      "treats it as 'no config to sync').", source=CLIENT)
+      "treats it as 'no config to sync').", grounds=EMPTY_PAYLOAD)
 async def empty_payload(ctx: CaseContext) -> None:
     try:
         await ctx.start([EngineScript(ready_payload=b"")], startup_timeout=4)

@@ -2,10 +2,10 @@
 a READY before HELLO, an undecodable handshake message, and which engine and stage a
 startup timeout names.
 
-vLLM 0.33.0 `wait_for_engine_startup` (v1/engine/utils.py:1484-1590): a message is decoded
+vLLM 0.33.0 `wait_for_engine_startup` (v1/engine/utils.py:1484-1589): a message is decoded
 per engine identity, HELLO is accepted only from an engine in state NEW and READY only from
 one in state CONNECTED, anything else raises "Unexpected {status} message for ... engine
-{eng_index} in {state} state" (:1584-1589). Rust HandshakeOwner (rust-client.md §2.2):
+{eng_index} in {state} state" (:1585-1589). Rust HandshakeOwner (rust-client.md §2.2):
 "Duplicate HELLO id -> error", per-stage `HandshakeTimeout{stage}`.
 """
 
@@ -16,11 +16,64 @@ import time
 
 from harness.case_context import CaseContext
 from harness.frontends.driver import StartupError, StartupHang
+from harness.grounds import both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript
 
-HS = "vllm/v1/engine/utils.py:1484-1590 wait_for_engine_startup (0.33.0); rust-client.md §2.2"
-ORDER = "vllm/v1/engine/utils.py:1517,1551,1584-1589 (0.33.0); rust-client.md §2.2"
+UT = "vllm/v1/engine/utils.py"
+TR = "rust/src/engine-core-client/src/transport.rs"
+CORE = "vllm/v1/engine/core.py"
+
+# HELLO only from an engine in state NEW, READY only from one that got INIT; anything else
+# fails startup with an error naming the engine (python 'engine {eng_index}', rust
+# 'EngineId(<hex identity>)').
+DUPLICATE_HELLO = both(
+    py(f"{UT}:1517", 'if status == "HELLO" and engine.state == CoreEngineState.NEW:'),
+    py(f"{UT}:1586", 'f"Unexpected {status} message for "'),
+    py(f"{UT}:1588", 'f"{eng_index} in {engine.state} state."'),
+    rs(f"{TR}:207", "duplicate engine id {engine_id:?} observed during startup handshake"),
+    rs(f"{TR}:293", "received duplicate HELLO for engine id {engine_id:?} after INIT phase"),
+    engine(f"{CORE}:1411", '"status": "HELLO",'),
+)
+READY_BEFORE_HELLO = both(
+    py(f"{UT}:1552", 'elif status == "READY" and engine.state == CoreEngineState.CONNECTED:'),
+    py(f"{UT}:1586", 'f"Unexpected {status} message for "'),
+    rs(f"{TR}:230", "let state = match engines.get_mut(&engine_id) {"),
+    rs(f"{TR}:234", "received READY for unexpected or duplicate engine id {engine_id:?}"),
+    engine(f"{CORE}:1378", '"status": "READY",'),
+)
+UNDECODABLE_HELLO = both(
+    py(f"{UT}:1492", "msg = msgspec.msgpack.decode(ready_msg_bytes)"),
+    rs(f"{TR}:467", "let handshake_message: ReadyMessage = decode_msgpack(&frames[1])?;"),
+    rs(f"{TR}:202", "decode_handshake_message(message, None)?;"),
+)
+UNDECODABLE_HELLO_NAMED = recommendation(
+    py(f"{UT}:1492", "msg = msgspec.msgpack.decode(ready_msg_bytes)"),
+    rs(f"{TR}:467", "let handshake_message: ReadyMessage = decode_msgpack(&frames[1])?;"),
+    note="corewire's advice: both 0.33.0 frontends know the sender's identity (python "
+         "utils.py:1486, rust transport.rs:457) but fail with the bare msgpack decode error "
+         "(msgspec DecodeError; rust Error::Decode), which names no engine",
+)
+UNEXPECTED_IDENTITY_NAMED = differ(
+    py(f"{UT}:1487", "next((e for e in core_engines if e.identity == eng_identity), None)"),
+    py(f"{UT}:1490", 'f"Message from engine with unexpected data parallel rank: {eng_index}"'),
+    rs(f"{TR}:204", 'Some("HELLO") => {'),
+    rs(f"{TR}:222", "engines.insert(engine_id.clone(), EngineStartupState::HelloReceived);"),
+    note="python refuses an identity outside its engine list, naming its rank (utils.py:1490); "
+         "rust's HandshakeOwner accepts any identity at HELLO (transport.rs:204-222), so there "
+         "is no error to name it",
+)
+TIMEOUT_STAGE = recommendation(
+    py(f"{UT}:1440", "events = poller.poll(STARTUP_POLL_PERIOD_MS)"),
+    py(f"{UT}:1444", "Waiting for %d local, %d remote core engine proc(s) to connect."),
+    rs(f"{TR}:198", 'stage: "HELLO",'),
+    rs(f"{TR}:268", 'stage: "READY",'),
+    rs("rust/src/engine-core-client/src/error.rs:41",
+       "startup handshake timed out while waiting for {stage} after {timeout:?}"),
+    note="corewire's advice: python's handshake wait has no bound (utils.py:1439-1452 polls "
+         "for ever), so there is no error; rust's HandshakeTimeout names the stage (HELLO or "
+         "READY, the ready frame folded into READY) but not the missing engine",
+)
 
 
 def _names_engine(text: str, rank: int) -> bool:
@@ -70,7 +123,7 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
         @case(f"handshake.edges.duplicate_hello_refused_{n}_engines", Level.MUST,
               f"With {n} engine(s), engine {bad} sending HELLO twice makes startup fail "
               f"promptly with an error naming engine {bad} (a second HELLO is not answered "
-              "with a second INIT).", source=ORDER, timeout=25)
+              "with a second INIT).", grounds=DUPLICATE_HELLO, timeout=25)
         async def duplicate_hello(ctx: CaseContext) -> None:
             text = await _refused(ctx, _misstep_scripts(n, bad, EngineScript(hello_repeats=2)),
                                   6, within=3)
@@ -79,7 +132,8 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
 
         @case(f"handshake.edges.ready_before_hello_refused_{n}_engines", Level.MUST,
               f"With {n} engine(s), engine {bad} sending READY before its HELLO makes "
-              f"startup fail promptly with an error naming engine {bad}.", source=ORDER,
+              f"startup fail promptly with an error naming engine {bad}.",
+              grounds=READY_BEFORE_HELLO,
               timeout=25)
         async def ready_first(ctx: CaseContext) -> None:
             text = await _refused(ctx, _misstep_scripts(
@@ -96,7 +150,8 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
 
 @case("handshake.edges.undecodable_hello_fails_fast", Level.MUST,
       "An engine (1 of 2) whose first handshake message is not msgpack makes startup fail "
-      "promptly (well before the 6 s bound), not wait for a valid message.", source=HS,
+      "promptly (well before the 6 s bound), not wait for a valid message.",
+      grounds=UNDECODABLE_HELLO,
       timeout=25)
 async def undecodable_hello(ctx: CaseContext) -> None:
     await _refused(ctx, _misstep_scripts(2, 1, EngineScript(hello_payload=b"\xc1\xc1")), 6,
@@ -106,7 +161,7 @@ async def undecodable_hello(ctx: CaseContext) -> None:
 @case("handshake.edges.undecodable_hello_named", Level.SHOULD,
       "The startup error for an undecodable handshake message should name the engine (1) "
       "that sent it (Python re-raises msgspec's DecodeError, which names no engine).",
-      source=HS, timeout=25)
+      grounds=UNDECODABLE_HELLO_NAMED, timeout=25)
 async def undecodable_hello_named(ctx: CaseContext) -> None:
     text = await _refused(ctx, _misstep_scripts(2, 1, EngineScript(hello_payload=b"\xc1")),
                           6, within=3)
@@ -116,7 +171,7 @@ async def undecodable_hello_named(ctx: CaseContext) -> None:
 @case("handshake.edges.unexpected_identity_named", Level.SHOULD,
       "The startup error for a HELLO from an unexpected identity (5, engines 0 and 1) "
       "should name that identity (Python: 'unexpected data parallel rank: 5').",
-      source=HS + " :1488-1491", timeout=25)
+      grounds=UNEXPECTED_IDENTITY_NAMED, timeout=25)
 async def unexpected_identity_named(ctx: CaseContext) -> None:
     text = await _refused(ctx, [EngineScript(), EngineScript(register_as=5)], 4)
     ctx.require(_names_engine(text, 5), expected="an error naming identity/rank 5",
@@ -141,7 +196,7 @@ for _stage, (_script, _pattern) in STAGES.items():
               f"When engine 1 of 3 never completes the {stage.upper()} stage, the startup "
               f"error should name engine 1 (not 0 or 2) and the {stage.upper()} stage "
               "(Rust HandshakeTimeout{stage}; Python waits without a bound).",
-              source=HS, timeout=25)
+              grounds=TIMEOUT_STAGE, timeout=25)
         async def timeout_stage(ctx: CaseContext) -> None:
             text = await _refused(ctx, [EngineScript(), script, EngineScript()], 1.5)
             others = [r for r in (0, 2) if _names_engine(text, r)]

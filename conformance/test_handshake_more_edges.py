@@ -3,10 +3,11 @@ block_size, an engine identity registering twice, an unusable ready response fro
 engine among several.
 
 Refusing is not enough when a deployment has many engines: the operator needs the
-engine and the value. Python `_apply_ready_response` / `wait_for_engine_startup` name the
-engine index in their refusals (vllm/v1/engine/utils.py:1584-1589, "Unexpected {status}
-message for ... engine {eng_index}"); the Rust client names the stage and the engine id
-("received input registration for unexpected engine id", rust-client.md §2.2). Dimensions:
+engine and the value. Python's `wait_for_engine_startup` names the engine index in its
+handshake refusals (vllm/v1/engine/utils.py:1585-1589), but its ready-frame wait does not
+(`identities.remove`, a bare KeyError; `_apply_ready_response`, a bare msgspec error:
+core_client.py:774, :856); the Rust client names the engine id of an unexpected
+registration (transport.rs:533). Dimensions:
 the engine count (2, 3), which engine misbehaves (first, middle, last), and the kind of
 bad ready response (not msgpack, a wrong field type, a missing required key).
 """
@@ -21,13 +22,50 @@ import msgspec
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, StartupError, StartupHang
+from harness.grounds import both, differ, py, recommendation, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.script import EngineScript, any_request, default_ready
 
-READY = ("vllm/v1/engine/core_client.py:757-775, :851-883 _apply_ready_response (0.33.0); "
-         "rust-client.md §1.8, §2.2 (registration per engine id)")
-BLOCK = "PR #42967 (block_size synced from the ready response); semantics.md (c)"
+CC = "vllm/v1/engine/core_client.py"
+TR = "rust/src/engine-core-client/src/transport.rs"
+
+BLOCK = recommendation(
+    py(f"{CC}:882", "cache_config.block_size = response.block_size"),
+    rs("rust/src/engine-core-client/src/client.rs:495",
+       "Return the first engine's ready response."),
+    rs("rust/src/server/src/grpc/control.rs:214",
+       "kv_block_size: ready.block_size.min(u64::from(u32::MAX)) as u32,"),
+    note="corewire's advice: neither 0.33.0 frontend detects a block_size disagreement "
+         "(python keeps the last registered engine's, core_client.py:882; rust the first "
+         "engine's, client.rs:495), so neither refuses, let alone shows the values",
+)
+DUPLICATE_REGISTRATION_NAMED = differ(
+    py(f"{CC}:774", "identities.remove(identity)"),
+    rs(f"{TR}:531", "if !pending.remove(&actual_id) {"),
+    rs(f"{TR}:533", "received input registration for unexpected engine id {actual_id:?}"),
+    note="python refuses a repeated registration with a bare KeyError of the identity bytes "
+         "(core_client.py:774, e.g. b'\\x01\\x00'); rust names it 'unexpected engine id "
+         "EngineId(0100)' (transport.rs:531-533)",
+)
+INVALID_READY_NOT_MSGPACK_NAMED = recommendation(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    rs(f"{TR}:543",
+       "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+    note="corewire's advice: both 0.33.0 frontends know the sender (python core_client.py:773, "
+         "rust transport.rs:530) but fail with the bare decode error (msgspec DecodeError; "
+         "rust Error::Decode), which names no engine",
+)
+INVALID_READY_FIELD_NAMED = differ(
+    py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+    rs(f"{TR}:543",
+       "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+    rs("rust/src/engine-core-client/src/protocol/mod.rs:71",
+       'format!("{error}; value fallback: {}", decode_value_preview(bytes))'),
+    note="python fails with msgspec's ValidationError, naming the field but no engine "
+         "(core_client.py:856); rust's decode error quotes the whole payload (protocol/"
+         "mod.rs:71), whose data_parallel_rank names the engine (incidentally)",
+)
 
 
 def _names_engine(text: str, rank: int) -> bool:
@@ -64,7 +102,7 @@ for _sizes in ((16, 32), (32, 32, 64), (64, 16, 16)):
               f"When {n} engines report block_size {list(sizes)}, the refusal to start "
               f"should show the disagreeing values ({odd} and {other}), "
               "so the operator can see which engine is misconfigured.",
-              source=BLOCK, timeout=20)
+              grounds=BLOCK, timeout=20)
         async def run(ctx: CaseContext) -> None:
             text = await _startup_error(ctx, [EngineScript(ready=default_ready(r, n,
                                                                                 block_size=s))
@@ -87,7 +125,8 @@ for _n, _dup in ((2, 0), (3, 1), (3, 2)):
               f"With {n} engines, when engine {dup} sends its ready frame twice (before "
               "every engine registered), the refusal to start should name engine "
               f"{dup}, the identity that registered twice (Rust: 'received input "
-              "registration for unexpected engine id').", source=READY, timeout=20)
+              "registration for unexpected engine id').",
+              grounds=DUPLICATE_REGISTRATION_NAMED, timeout=20)
         async def run(ctx: CaseContext) -> None:
             # The others register a second later, so the repeat is read while they are
             # still missing (a ROUTER fair-queues peers: read late, the repeat would come last).
@@ -128,8 +167,9 @@ for _kind in BAD_READY:
             @case(f"handshake.more_edges.invalid_ready_named_{kind}_{bad}_of_{n}",
                   Level.SHOULD,
                   f"With {n} engines, when engine {bad} sends {what}, the refusal to start "
-                  f"should name engine {bad}, and no other engine.", source=READY,
-                  timeout=20)
+                  f"should name engine {bad}, and no other engine.",
+                  grounds=(INVALID_READY_NOT_MSGPACK_NAMED if kind == "not_msgpack"
+                           else INVALID_READY_FIELD_NAMED), timeout=20)
             async def run(ctx: CaseContext) -> None:
                 scripts = [EngineScript() for _ in range(n)]
                 scripts[bad] = EngineScript(ready_payload=payload(bad, n))
@@ -145,8 +185,16 @@ for _kind in BAD_READY:
 
 # ---------------------------------------------------------------- a late engine is waited for
 
-LATE = ("vllm/v1/engine/core_client.py:757-775 (VLLM_ENGINE_READY_TIMEOUT_S bounds the ready "
-        "wait); rust-client.md §2.2 (every receive has its own ready_timeout)")
+LATE = both(
+    py(f"{CC}:761", "if not sync_input_socket.poll("),
+    py(f"{CC}:762", "timeout=VLLM_ENGINE_READY_TIMEOUT_S * 1000"),
+    py("vllm/v1/engine/utils.py:1440", "events = poller.poll(STARTUP_POLL_PERIOD_MS)"),
+    rs(f"{TR}:516", "let registration = timeout(ready_timeout, input_socket.recv())"),
+    rs(f"{TR}:196", "let message = timeout(ready_timeout, handshake_socket.recv())"),
+    rs(f"{TR}:266", "let message = timeout(ready_timeout, handshake_socket.recv())"),
+    note="both bound each receive, not the whole startup (python's handshake wait has no bound "
+         "at all), so an engine arriving within the bound is always waited for",
+)
 
 for _mode in ("bootstrapped", "handshake"):
     def _make_late(mode: str = _mode) -> None:
@@ -158,7 +206,7 @@ for _mode in ("bootstrapped", "handshake"):
               f"registering after {delays[0]} s and {delays[1]} s are both waited for: the "
               "frontend starts and serves a request pinned to each (it does not give up "
               "before its bound, whatever arrived in its last second).",
-              source=LATE, needs=[Capability.GENERATE, Capability.DP_RANK], timeout=40)
+              grounds=LATE, needs=[Capability.GENERATE, Capability.DP_RANK], timeout=40)
         async def run(ctx: CaseContext) -> None:
             scripts = [EngineScript(ready_delay=ctx.t(d)) for d in delays]
             try:
@@ -182,10 +230,17 @@ for _mode in ("bootstrapped", "handshake"):
 
 # ---------------------------------------------------------------- misuse of the coordinator path
 
-COORD = ("vllm/v1/engine/coordinator.py:361-364 (0.33.0: the coordinator asserts that an "
-         "engine's message carries no request outputs and no utility reply); vllm-rs "
-         "inproc.rs:193-199 (a miswired coordinator-path message closes the client's "
-         "registries)")
+COORD = differ(
+    py("vllm/v1/engine/coordinator.py:362", "assert not outputs.outputs"),
+    py("vllm/v1/engine/coordinator.py:363", "assert outputs.utility_output is None"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:136",
+       "received non-control output on coordinator path: {other:?}"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:199",
+       "inner.close_registries(Arc::new(error));"),
+    note="python's DP coordinator (its own process) dies on the assert while the AsyncLLM "
+         "client serves on; rust's in-process coordinator fails and closes the client's "
+         "registries (inproc.rs:134-137, :199), failing open streams and later calls",
+)
 
 MISUSE = {
     "request_outputs": lambda rank: m.EngineCoreOutputs(
@@ -201,7 +256,7 @@ for _kind in MISUSE:
               f"{kind.replace('_', ' ')} on the coordinator path (a miswired engine) should "
               "fail the client closed: the open stream ends with an error and a later "
               "is_sleeping fails, each within 3 s, instead of serving on.",
-              source=COORD, needs=[Capability.GENERATE, Capability.IS_SLEEPING], timeout=30)
+              grounds=COORD, needs=[Capability.GENERATE, Capability.IS_SLEEPING], timeout=30)
         async def run(ctx: CaseContext) -> None:
             group = await ctx.start([EngineScript(rules=[any_request(hold())])
                                      for _ in range(2)], coordinated=True)

@@ -12,13 +12,98 @@ import time
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability
+from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, Garbage, by_prompt, stream
 
-OUT = "protocol-python.md §6 (0.33.0)"
 GEN = [Capability.GENERATE]
 F = m.FinishReason
+
+# Each output goes to its own request's stream, appended in arrival order.
+_PY_PER_REQUEST = py("vllm/v1/engine/output_processor.py:757",
+                     "for engine_core_output in engine_core_outputs:")
+_PY_QUEUE = py("vllm/v1/engine/output_processor.py:863", "req_state.queue.put(request_output)")
+_RS_DISPATCH = rs("rust/src/engine-core-client/src/client/imp.rs:464",
+                  "for output in inner.send_outputs(outputs) {")
+_RS_SEND = rs("rust/src/engine-core-client/src/client/state.rs:259",
+              "Some(tracked) => tracked.sender.send(output),")
+ORDER = both(
+    _PY_PER_REQUEST, _PY_QUEUE,
+    py("vllm/v1/engine/output_processor.py:79",
+       "self.output.add(output, aggregate=self.aggregate)"),
+    _RS_DISPATCH, _RS_SEND,
+    rs("rust/src/engine-core-client/src/client/output_channel.rs:13",
+       "Outputs are never merged, reordered, or dropped here"))
+# An engine FinishReason maps to its name.
+_PY_FINISH_NAMES = py("vllm/v1/engine/__init__.py:37",
+                      'FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")')
+_PY_FINISH_STR = py("vllm/v1/engine/output_processor.py:525",
+                    "finish_reason=str(finish_reason) if finished else None,")
+_RS_FINISH_MAP = rs("rust/src/llm/src/output.rs:152", "finish_reason.map(|reason| match reason {")
+
+
+FINISH_LENGTH = both(_PY_FINISH_NAMES, _PY_FINISH_STR, _RS_FINISH_MAP,
+                     rs("rust/src/llm/src/output.rs:154",
+                        "EngineCoreFinishReason::Length => FinishReason::Length,"),
+                     rs("rust/src/server/src/routes/openai/completions.rs:497",
+                        'FinishReason::Length => Ok("length"),'))
+FINISH_STOP = both(_PY_FINISH_NAMES, _PY_FINISH_STR, _RS_FINISH_MAP,
+                   rs("rust/src/llm/src/output.rs:153",
+                      "EngineCoreFinishReason::Stop => FinishReason::Stop(stop_reason),"),
+                   rs("rust/src/server/src/routes/openai/completions.rs:495",
+                      'FinishReason::Stop(_) => Ok("stop"),'))
+FINISH_ABORT = both(_PY_FINISH_NAMES, _PY_FINISH_STR, _RS_FINISH_MAP,
+                    rs("rust/src/llm/src/output.rs:155",
+                       "EngineCoreFinishReason::Abort => FinishReason::Abort,"),
+                    rs("rust/src/server/src/routes/openai/completions.rs:498",
+                       'FinishReason::Abort => Ok("abort"),'))
+FINISH_REPETITION = both(_PY_FINISH_NAMES, _PY_FINISH_STR, _RS_FINISH_MAP,
+                         rs("rust/src/llm/src/output.rs:157",
+                            "EngineCoreFinishReason::Repetition => FinishReason::Repetition"),
+                         rs("rust/src/server/src/routes/openai/completions.rs:496",
+                            'FinishReason::Repetition(_) => Ok("repetition"),'))
+# An output for an id the frontend does not track (unknown, or already ended) is dropped.
+_PY_UNKNOWN = py("vllm/v1/engine/output_processor.py:761",
+                 "# Ignore output for already-aborted request.")
+_RS_UNKNOWN = rs("rust/src/engine-core-client/src/client/imp.rs:467",
+                 '"dropping output for inactive request"')
+UNKNOWN_ID = both(_PY_UNKNOWN, _RS_UNKNOWN,
+                  rs("rust/src/engine-core-client/src/client/state.rs:260",
+                     "None => return Some(output),"))
+END_ONCE = both(_PY_UNKNOWN,
+                py("vllm/v1/engine/output_processor.py:919", "self.request_states.pop(req_id)"),
+                rs("rust/src/engine-core-client/src/client/state.rs:253",
+                   "match self.remove(output.request_id.as_str()) {"),
+                _RS_UNKNOWN,
+                rs("rust/src/engine-core-client/src/client/stream.rs:164",
+                   "if self.is_terminated() {"))
+EMPTY_DELTA = both(py("vllm/v1/engine/detokenizer.py:103", "if not new_token_ids:"),
+                   _PY_QUEUE, _RS_SEND,
+                   rs("rust/src/text/src/output/decoded.rs:194",
+                      "for (tok_idx, &token_id) in decodable_token_ids.iter().enumerate() {"))
+BATCHED = both(_PY_PER_REQUEST, _PY_QUEUE, _RS_DISPATCH, _RS_SEND)
+# A request without output has its own queue/channel: nothing waits on it.
+DEFERRED = both(_PY_PER_REQUEST, _PY_QUEUE,
+                py("vllm/v1/engine/output_processor.py:759",
+                   "req_state = self.request_states.get(req_id)"),
+                _RS_SEND,
+                rs("rust/src/engine-core-client/src/client/output_channel.rs:30",
+                   "let (tx, rx) = mpsc::unbounded_channel();"))
+TEXT = both(py("vllm/v1/engine/detokenizer.py:122",
+               "self.output_text += self.decode_next(new_token_id)"),
+            py("vllm/v1/engine/output_processor.py:487",
+               "text = self.detokenizer.get_next_output_text(finished, delta)"),
+            rs("rust/src/text/src/output/decoded.rs:195",
+               "let new_bytes = decoder.push_token(token_id)?;"))
+STATS = both(py("vllm/v1/engine/core_client.py:1259",
+                "if outputs.outputs or outputs.scheduler_stats:"),
+             py("vllm/v1/engine/async_llm.py:924",
+                "output_processor.update_scheduler_stats(outputs.scheduler_stats)"),
+             rs("rust/src/engine-core-client/src/client/imp.rs:490",
+                "if !inner.apply_scheduler_stats(batch.engine_index, scheduler_stats) {"),
+             rs("rust/src/engine-core-client/src/client/state.rs:251",
+                "self.apply_lora_events(&output.output);"))
 
 
 async def _one(ctx: CaseContext, steps: list, max_tokens: int = 16):  # type: ignore[no-untyped-def,type-arg]
@@ -31,7 +116,7 @@ async def _one(ctx: CaseContext, steps: list, max_tokens: int = 16):  # type: ig
 
 @case("streaming.order.preserved", Level.MUST,
       "Tokens delivered over several chunks reach the client complete and in order.",
-      source=OUT, needs=GEN)
+      grounds=ORDER, needs=GEN)
 async def order_preserved(ctx: CaseContext) -> None:
     steps = [Emit([100, 101]), Emit([102]), Emit([103, 104, 105]), Finish(F.LENGTH, [106])]
     _g, h = await _one(ctx, steps, 7)
@@ -47,31 +132,31 @@ async def _finish_name(ctx: CaseContext, reason: m.FinishReason, name: str, **kw
 
 
 @case("streaming.finish.length", Level.MUST, "FinishReason.LENGTH maps to 'length'.",
-      source=OUT, needs=GEN)
+      grounds=FINISH_LENGTH, needs=GEN)
 async def finish_length(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.LENGTH, "length")
 
 
 @case("streaming.finish.stop", Level.MUST, "FinishReason.STOP maps to 'stop'.",
-      source=OUT, needs=GEN)
+      grounds=FINISH_STOP, needs=GEN)
 async def finish_stop(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.STOP, "stop", stop_reason=101)
 
 
 @case("streaming.finish.engine_cancelled", Level.MUST,
-      "An engine-side FinishReason.ABORT maps to 'abort'.", source=OUT, needs=GEN)
+      "An engine-side FinishReason.ABORT maps to 'abort'.", grounds=FINISH_ABORT, needs=GEN)
 async def finish_engine_cancelled(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.ABORT, "abort")
 
 
-@case("streaming.finish.repetition", Level.SHOULD,
-      "FinishReason.REPETITION should map to 'repetition'.", source=OUT, needs=GEN)
+@case("streaming.finish.repetition", Level.MUST,
+      "FinishReason.REPETITION maps to 'repetition'.", grounds=FINISH_REPETITION, needs=GEN)
 async def finish_repetition(ctx: CaseContext) -> None:
     await _finish_name(ctx, F.REPETITION, "repetition", stop_reason="repetition_detected")
 
 
 @case("streaming.unknown_id.ignored", Level.MUST,
-      "Outputs for request ids the frontend does not know are ignored.", source=OUT,
+      "Outputs for request ids the frontend does not know are ignored.", grounds=UNKNOWN_ID,
       needs=GEN)
 async def unknown_id(ctx: CaseContext) -> None:
     from harness.wire import codec_for
@@ -87,7 +172,7 @@ async def unknown_id(ctx: CaseContext) -> None:
 
 @case("streaming.end.exactly_once", Level.MUST,
       "Outputs arriving after a request's final output do not change the ended stream.",
-      source=OUT, needs=GEN)
+      grounds=END_ONCE, needs=GEN)
 async def end_once(ctx: CaseContext) -> None:
     p = prompt(0)
     group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
@@ -108,7 +193,8 @@ async def end_once(ctx: CaseContext) -> None:
 
 
 @case("streaming.empty_delta.tolerated", Level.MUST,
-      "An output with no new tokens (a step without progress) is harmless.", source=OUT,
+      "An output with no new tokens (a step without progress) is harmless.",
+      grounds=EMPTY_DELTA,
       needs=GEN)
 async def empty_delta(ctx: CaseContext) -> None:
     _g, h = await _one(ctx, [Emit([100]), Emit([]), Emit([101]), Finish(F.LENGTH, [102])], 3)
@@ -118,7 +204,7 @@ async def empty_delta(ctx: CaseContext) -> None:
 
 @case("streaming.batched.two_requests", Level.MUST,
       "One engine message carrying outputs of several requests feeds each stream.",
-      source=OUT, needs=GEN)
+      grounds=BATCHED, needs=GEN)
 async def batched(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[])])
     handles = [await ctx.driver.generate(prompt(i), 5) for i in range(4)]
@@ -134,7 +220,7 @@ async def batched(ctx: CaseContext) -> None:
 
 @case("streaming.deferred.no_head_of_line", Level.MUST,
       "A request the engine defers (no output for a while) does not delay its neighbours "
-      "and completes once the engine resumes it.", source="PR #41627", needs=GEN)
+      "and completes once the engine resumes it.", grounds=DEFERRED, needs=GEN)
 async def deferred(ctx: CaseContext) -> None:
     p_slow, p_fast = prompt(0), prompt(1)
     hold_for = ctx.t(1.0)  # the deferral and the window below scale together
@@ -156,9 +242,9 @@ async def deferred(ctx: CaseContext) -> None:
                 observed=f"{h_slow.tokens} {h_slow.finish_reason} error={h_slow.error}")
 
 
-@case("streaming.text.detokenized", Level.SHOULD,
-      "Streamed tokens should come with their text (' t100 t101' for the tiny fixture).",
-      source="fixtures/tiny-model", needs=GEN)
+@case("streaming.text.detokenized", Level.MUST,
+      "Streamed tokens come with their text (' t100 t101' for the tiny fixture).",
+      grounds=TEXT, needs=GEN)
 async def text(ctx: CaseContext) -> None:
     _g, h = await _one(ctx, stream([100, 101]), 2)
     ctx.require(h.text.split() == ["t100", "t101"], expected="text ' t100 t101'",
@@ -168,7 +254,7 @@ async def text(ctx: CaseContext) -> None:
 @case("streaming.stats.tolerated", Level.MUST,
       "Scheduler stats on step messages, request events and stats-only messages (what an "
       "engine under `vllm serve`'s default log_stats sends) do not disturb streams.",
-      source="docs/fidelity.md (M2); protocol-python.md §6.1", needs=GEN)
+      grounds=STATS, needs=GEN)
 async def stats_tolerated(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(log_stats=True)])
     handles = [await ctx.driver.generate(prompt(i), 3) for i in range(2)]

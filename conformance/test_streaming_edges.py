@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability, FrontendError
+from harness.grounds import both, defect, engine, py, rs
 from harness.sessionkit import (
     finish_segment,
     open_first_segment,
@@ -29,9 +30,40 @@ from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
 
 F = m.FinishReason
-STOP_SRC = ("vllm/v1/engine/detokenizer.py (stop_buffer_length = max stop len - 1; "
-            "buffer released when finished); vllm/v1/engine/detokenizer.py check_stop_strings "
-            "(earliest match in the new text, truncated before it)")
+# Stop strings: the earliest match in the new text, text and tokens cut at it, the held-back
+# tail released at the finish, and one ABORT to the owner unless the engine had finished.
+STOP_EDGES = both(
+    py("vllm/v1/engine/detokenizer.py:351",
+       "stop_index = output_text.find(stop_str, 1 - new_char_count - stop_string_len)"),
+    py("vllm/v1/engine/detokenizer.py:357", "if end < best_end:"),
+    py("vllm/v1/engine/detokenizer.py:151",
+       "del self.token_ids[first_new_token_index + num_kept :]"),
+    py("vllm/v1/engine/detokenizer.py:165",
+       "buffer_length = 0 if finished else self.stop_buffer_length"),
+    py("vllm/v1/engine/output_processor.py:878",
+       "if req_state.streaming_input or not engine_core_output.finished:"),
+    py("vllm/v1/engine/async_llm.py:920", "await engine_core.abort_requests_async("),
+    rs("rust/src/text/src/output/decoded.rs:198",
+       "matches_stop_string(stops, decoder.output(), new_bytes)"),
+    rs("rust/src/text/src/output/decoded.rs:371", ".min_by_key(|&(_, _, end)| end)"),
+    rs("rust/src/text/src/output/decoded.rs:206", "truncate_tokens_to = Some(tok_idx + 1);"),
+    rs("rust/src/text/src/output/decoded.rs:274",
+       "let (last_chunk, full_decoded) = decoder.flush(truncate_output_to)?;"),
+    rs("rust/src/text/src/output/decoded.rs:302",
+       "AbortCause::StopStringMatched.drop_as(raw_stream);"),
+    rs("rust/src/engine-core-client/src/client/stream.rs:224", "if self.is_terminated() {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:406",
+       "by_engine.entry(engine_id).or_default().push(request_id);"))
+# Mid-stream, exactly max(len(stop)) - 1 characters are held back.
+HOLD_BACK = both(
+    py("vllm/v1/engine/detokenizer.py:88",
+       "self.stop_buffer_length = max(len(s) for s in self.stop) - 1"),
+    py("vllm/v1/engine/detokenizer.py:171", "length = len(self.output_text) - buffer_length"),
+    rs("rust/src/text/src/output/decoded.rs:152",
+       ".and_then(|stops| stops.iter().map(|ss| ss.len()).max())"),
+    rs("rust/src/text/src/output/decoded.rs:154", ".saturating_sub(1),"),
+    rs("rust/src/tokenizer/src/incremental.rs:232",
+       "let cutoff = self.decoded.len().saturating_sub(self.min_bytes_to_buffer);"))
 STOP_NEEDS = [Capability.GENERATE, Capability.STOP_STRINGS]
 
 
@@ -87,7 +119,7 @@ def _make_edge_case(shape: EdgeShape) -> None:
     @case(f"streaming.stop_edge.{shape.name}", Level.MUST,
           f"For {shape.text}, the stream ends with {shape.want_reason!r}, the client sees "
           f"exactly {shape.want_text!r} and tokens {list(shape.want_tokens)}, and {ends}.",
-          source=STOP_SRC, needs=STOP_NEEDS)
+          grounds=STOP_EDGES, needs=STOP_NEEDS)
     async def run(ctx: CaseContext) -> None:
         p = prompt(0)
         group = await ctx.start([EngineScript(rules=[by_prompt(p, _steps(shape))])])
@@ -132,7 +164,7 @@ def _make_hold_back(stops: tuple[str, ...]) -> None:
           f"Mid-stream, with stop strings of lengths {[len(s) for s in stops]} not yet "
           f"matched, the client has all text but the last {hold} characters (max stop "
           f"length - 1): {want!r} of {full!r}; nothing more is withheld.",
-          source=STOP_SRC, needs=STOP_NEEDS)
+          grounds=HOLD_BACK, needs=STOP_NEEDS)
     async def run(ctx: CaseContext) -> None:
         p = prompt(0)
         steps: list[Step] = [Emit([100], 0.02), Emit([101], 0.02), Emit([102], 0.02)]
@@ -157,9 +189,90 @@ for _stops in (("zz",), ("zzzzzz",), ("z", "zzzz")):
 
 # ----------------------------------------------------------------- session ADDs
 
-SESSION_SRC = ("vllm 0.33.0 async_llm.py:649-662 (each streaming-input chunk is an ADD built "
-               "from the session's sampling params, resumable=True, the same request id); "
-               "core_client.py:1760-1762 (session affinity)")
+# vllm-rs 0.33.0 has no streaming-input sessions: only the Python frontend holds these rules.
+_RS_NO_SESSIONS = rs("rust/src/llm/src/request.rs:121", "resumable: false,")
+_NO_RS = ("rust lacks streaming-input sessions in 0.33.0 (every ADD resumable=false, "
+          "rust/src/llm/src/request.rs:121), python holds it; ")
+_PY_SESSION_PARAMS = py("vllm/v1/engine/async_llm.py:654", "sp = sampling_params")
+_PY_CHUNK_ADD = py("vllm/v1/engine/async_llm.py:657", "request_id=internal_req_id,")
+SESSION_MAX_TOKENS = defect(
+    _PY_SESSION_PARAMS, _PY_CHUNK_ADD,
+    py("vllm/v1/engine/async_llm.py:660", "resumable=True,"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:1914", "session.max_tokens = update.max_tokens"),
+    note=_NO_RS + "a continuation with another max_tokens sets the session's length "
+    "engine-side (scheduler.py:1914), so the engine generates a different number of "
+    "tokens than the client asked for (corrupted output)")
+SESSION_RANK = defect(
+    py("vllm/v1/engine/async_llm.py:613", "data_parallel_rank=data_parallel_rank,"),
+    py("vllm/v1/engine/core_client.py:1758",
+       "if (engine := self.reqs_in_flight.get(request.request_id)) is not None:"),
+    py("vllm/v1/engine/core_client.py:1763",
+       "if (eng_index := request.data_parallel_rank) is None and ("),
+    rs("rust/src/engine-core-client/src/client/state.rs:202",
+       "if let Some(rank) = data_parallel_rank {"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2946", "if request.resumable:"),
+    note=_NO_RS + "(rust routes a plain ADD to its data_parallel_rank, state.rs:202); a "
+    "continuation sent to another engine opens a second resumable request there "
+    "(scheduler.py:2946-2947) while the session on its own engine waits for input forever "
+    "(engine left in a wrong state)")
+SESSION_MATCHES_FIRST = defect(
+    _PY_SESSION_PARAMS, _PY_CHUNK_ADD,
+    py("vllm/v1/engine/async_llm.py:663", "req.external_req_id = request_id"),
+    py("vllm/v1/engine/core_client.py:1611", "request.client_index = self.client_index"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:1913",
+           "session.sampling_params = update.sampling_params"),
+    note=_NO_RS + "a continuation's sampling replaces the session's engine-side "
+    "(scheduler.py:1913), so one built with default sampling (temperature 1.0, no EOS id) "
+    "changes how the rest of the session is generated (corrupted output)")
+SESSION_NEW_WAVE = both(
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+    engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"),
+    note="both stamp every ADD with the coordinator's newest wave (python's continuations "
+    "go through the same add_request_async; rust has no continuations in 0.33.0)")
+SESSION_ENGINE_END = defect(
+    py("vllm/v1/engine/output_processor.py:845",
+       "finish_reason not in (FinishReason.ABORT, FinishReason.ERROR)"),
+    py("vllm/v1/engine/output_processor.py:878",
+       "if req_state.streaming_input or not engine_core_output.finished:"),
+    py("vllm/v1/engine/async_llm.py:646",
+       "if any_added and not self.output_processor.has_request("),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2946", "if request.resumable:"),
+    note=_NO_RS + "a frontend that takes an engine ABORT/ERROR for a segment boundary keeps "
+    "the client feeding a session the engine has ended: its next chunk re-creates the "
+    "request engine-side (scheduler.py:2946-2947; output_processor.py:879-881) and the "
+    "client waits on a dead session (hang)")
+SESSION_QUEUED_CHUNKS = defect(
+    py("vllm/v1/engine/output_processor.py:709", "req_state.input_chunk_queue[-1].final = True"),
+    py("vllm/v1/engine/output_processor.py:872",
+       "update = req_state.input_chunk_queue.popleft()"),
+    py("vllm/v1/engine/output_processor.py:859", "request_output.finished = False"),
+    py("vllm/v1/engine/async_llm.py:688",
+       "await self._add_request(final_req, None, None, 0, queue)"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2938", "existing.streaming_queue.append(update)"),
+    note=_NO_RS + "the engine queues the continuation and the close behind the running "
+    "segment (scheduler.py:2938); ending the stream at the first segment's finish loses the "
+    "second segment's tokens (lost data)")
+SESSION_NO_LATE_CHUNK = defect(
+    py("vllm/v1/engine/async_llm.py:642", "async for input_chunk in input_stream:"),
+    py("vllm/v1/engine/async_llm.py:646",
+       "if any_added and not self.output_processor.has_request("),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2936",
+           'assert existing.streaming_queue is not None, "duplicate request id"'),
+    engine("vllm/v1/core/sched/scheduler.py:2946", "if request.resumable:"),
+    note=_NO_RS + "its chunks come only from the session's own input generator, so none "
+    "exists for a plain request or after the input closed (the error itself is the "
+    "driver's); a continuation ADD for a running plain request trips the engine's "
+    "duplicate-id assertion (scheduler.py:2936: crash), one after the session's close "
+    "re-creates a resumable request nobody closes (scheduler.py:2946-2947: engine left in "
+    "a wrong state)")
 SESSION_NEEDS = [Capability.STREAMING_INPUT]
 
 
@@ -168,7 +281,7 @@ def _make_session_max_tokens(engines: int, max_tokens: int) -> None:
           f"With {engines} engine(s), a session opened and continued with max_tokens="
           f"{max_tokens} sends that max_tokens on its first ADD and on its continuation "
           "(the engine must not fall back to a default length).",
-          source=SESSION_SRC, needs=SESSION_NEEDS)
+          grounds=SESSION_MAX_TOKENS, needs=SESSION_NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(scripts(engines, 1, 2))
         handle, rid = await open_first_segment(ctx, group, max_tokens=max_tokens)
@@ -195,8 +308,7 @@ def _make_session_rank(engines: int, rank: int) -> None:
     @case(f"streaming.resumable.explicit_rank_{rank}_of_{engines}", Level.MUST,
           f"With {engines} engines, a session opened with data_parallel_rank={rank} sends "
           f"its first ADD and its continuation to engine {rank}.",
-          source=SESSION_SRC + "; core_client.py get_core_engine_for_request (explicit "
-          "data_parallel_rank)", needs=SESSION_NEEDS)
+          grounds=SESSION_RANK, needs=SESSION_NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(scripts(engines, 1, 2))
         handle, rid = await open_first_segment(ctx, group, data_parallel_rank=rank)
@@ -221,8 +333,7 @@ def _make_continuation_matches(engines: int) -> None:
           f"With {engines} engine(s), a session's continuation ADD carries the first ADD's "
           "sampling (temperature, EOS id, stop token ids) and its external request id and "
           "client index: the engine continues the same request, not a default one.",
-          source=SESSION_SRC + "; async_llm.py:663 (req.external_req_id = request_id)",
-          needs=SESSION_NEEDS)
+          grounds=SESSION_MATCHES_FIRST, needs=SESSION_NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(scripts(engines, 1, 2))
         handle, rid = await open_first_segment(ctx, group)
@@ -258,14 +369,10 @@ for _engines in (1, 2):
     _make_continuation_matches(_engines)
 
 
-WAVE_SRC = ("vllm/v1/engine/core_client.py:1588-1611 (0.33.0: every ADD stamped with the "
-            "coordinator's newest current_wave); " + SESSION_SRC)
-
-
 @case("streaming.resumable.continuation_carries_new_wave", Level.MUST,
       "With 2 engines, a session continuation sent after the coordinator published "
       "current_wave=4 carries current_wave 4 (continuations are stamped like any ADD).",
-      source=WAVE_SRC, needs=SESSION_NEEDS)
+      grounds=SESSION_NEW_WAVE, needs=SESSION_NEEDS)
 async def continuation_carries_new_wave(ctx: CaseContext) -> None:
     group = await ctx.start(scripts(2, 1, 2))
     coordinator = group.coordinator
@@ -297,8 +404,7 @@ def _make_segment_failure(kind: m.FinishReason, segment: int) -> None:
           f"An engine-side {kind.name} finishing a session's {phase.replace('_', ' ')} is "
           f"not a segment boundary: the client's stream ends {want!r} without waiting for "
           "the input to close.",
-          source=("vllm 0.33.0 output_processor.py:844-846 (a chunk boundary only for finish "
-                  "reasons other than ABORT and ERROR); " + SESSION_SRC), needs=SESSION_NEEDS)
+          grounds=SESSION_ENGINE_END, needs=SESSION_NEEDS)
     async def run(ctx: CaseContext) -> None:
         reasons = [F.LENGTH, F.LENGTH]
         reasons[segment] = kind
@@ -333,8 +439,7 @@ for _kind in (F.ABORT, F.ERROR):
       "With a continuation sent while the first segment still runs, the first segment's "
       "finish and then the input's close leave the stream open until the second segment "
       "finishes: its tokens arrive and the stream ends with its reason, without an ABORT.",
-      source=SESSION_SRC + "; output_processor.py:869-876 (queued input chunks)",
-      needs=SESSION_NEEDS)
+      grounds=SESSION_QUEUED_CHUNKS, needs=SESSION_NEEDS)
 async def close_with_two_segments_in_flight(ctx: CaseContext) -> None:
     first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.3)]
     second = [Emit([110], 0.01), Finish(F.LENGTH, [111], 1.0)]
@@ -369,10 +474,7 @@ def _make_continuation_rejected(target: str) -> None:
     @case(f"streaming.resumable.continuation_rejected_{target}", Level.MUST,
           f"A continuation of {what} is rejected with a frontend error, and no ADD for it "
           "reaches any engine.",
-          source=("rust-client.md §1.6 (continuation_without_an_open_session_is_rejected, "
-                  "closing_session_rejects_later_continuations); vllm 0.33.0 "
-                  "async_llm.py:640-690 (input chunks only while the session's generator "
-                  "is open)"), needs=SESSION_NEEDS)
+          grounds=SESSION_NO_LATE_CHUNK, needs=SESSION_NEEDS)
     async def run(ctx: CaseContext) -> None:
         long_first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.8)]
         rules = [by_prompt(segment_prompt(0, 0),

@@ -16,15 +16,77 @@ from dataclasses import dataclass
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability, StreamHandle
+from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
 from harness.vocab import EOS_TOKEN_ID
 from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, Rule, Step, by_prompt
 
 F = m.FinishReason
-OUT = "protocol-python.md §6 (0.33.0); vllm/v1/engine/output_processor.py:760-890"
-STOP_SRC = ("vllm/v1/engine/output_processor.py:825-882 (stop strings, trim, abort unless "
-            "the engine finished); rust-client.md §1.4")
+# An engine-side ending finishes its own request's stream with the reason's name; the
+# request leaves the frontend's table, its neighbours are untouched.
+_PY_OWN = (py("vllm/v1/engine/output_processor.py:759",
+              "req_state = self.request_states.get(req_id)"),
+           py("vllm/v1/engine/output_processor.py:525",
+              "finish_reason=str(finish_reason) if finished else None,"),
+           py("vllm/v1/engine/__init__.py:37",
+              'FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")'),
+           py("vllm/v1/engine/output_processor.py:877", "self._finish_request(req_state)"))
+_RS_OWN = (rs("rust/src/engine-core-client/src/client/state.rs:253",
+              "match self.remove(output.request_id.as_str()) {"),
+           rs("rust/src/engine-core-client/src/client/state.rs:259",
+              "Some(tracked) => tracked.sender.send(output),"))
+FINISH = {
+    "length": both(*_PY_OWN, *_RS_OWN,
+                   rs("rust/src/llm/src/output.rs:154",
+                      "EngineCoreFinishReason::Length => FinishReason::Length,"),
+                   rs("rust/src/server/src/routes/openai/completions.rs:497",
+                      'FinishReason::Length => Ok("length"),')),
+    "stop": both(*_PY_OWN,
+                 py("vllm/v1/engine/detokenizer.py:107",
+                    "if stop_terminated and not self.include_stop_str_in_output:"),
+                 *_RS_OWN,
+                 rs("rust/src/llm/src/output.rs:153",
+                    "EngineCoreFinishReason::Stop => FinishReason::Stop(stop_reason),"),
+                 rs("rust/src/server/src/routes/openai/completions.rs:495",
+                    'FinishReason::Stop(_) => Ok("stop"),')),
+    "abort": both(*_PY_OWN, *_RS_OWN,
+                  rs("rust/src/llm/src/output.rs:155",
+                     "EngineCoreFinishReason::Abort => FinishReason::Abort,"),
+                  rs("rust/src/server/src/routes/openai/completions.rs:498",
+                     'FinishReason::Abort => Ok("abort"),')),
+    "error": both(*_PY_OWN, *_RS_OWN,
+                  rs("rust/src/llm/src/output.rs:156",
+                     "EngineCoreFinishReason::Error => FinishReason::Error(error),"),
+                  rs("rust/src/server/src/routes/openai/completions.rs:499",
+                     "FinishReason::Error(error) => Err(engine_error(error.as_deref())),")),
+}
+# Stop strings: the earliest match, text and tokens cut at it, and one ABORT to the owning
+# engine unless the engine had finished the request itself.
+_STOP_CITES = (
+    py("vllm/v1/engine/detokenizer.py:351",
+       "stop_index = output_text.find(stop_str, 1 - new_char_count - stop_string_len)"),
+    py("vllm/v1/engine/detokenizer.py:373", "return best_stop_str, best_stop_index"),
+    py("vllm/v1/engine/detokenizer.py:151",
+       "del self.token_ids[first_new_token_index + num_kept :]"),
+    py("vllm/v1/engine/output_processor.py:878",
+       "if req_state.streaming_input or not engine_core_output.finished:"),
+    py("vllm/v1/engine/async_llm.py:920", "await engine_core.abort_requests_async("),
+    rs("rust/src/text/src/output/decoded.rs:198",
+       "matches_stop_string(stops, decoder.output(), new_bytes)"),
+    rs("rust/src/text/src/output/decoded.rs:203", "false => Some(off),"),
+    rs("rust/src/text/src/output/decoded.rs:206", "truncate_tokens_to = Some(tok_idx + 1);"),
+    rs("rust/src/text/src/output/decoded.rs:302",
+       "AbortCause::StopStringMatched.drop_as(raw_stream);"),
+    rs("rust/src/engine-core-client/src/client/stream.rs:224", "if self.is_terminated() {"))
+STOP = both(*_STOP_CITES)
+STOP_OWNERS = both(
+    *_STOP_CITES,
+    py("vllm/v1/engine/core_client.py:1895", "elif engine := self.reqs_in_flight.get(req_id):"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:388",
+       "let Some(engine_id) = inner.take_auto_abort_target(&request_id) else {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:406",
+       "by_engine.entry(engine_id).or_default().push(request_id);"))
 GEN = [Capability.GENERATE]
 ERR = [Capability.GENERATE, Capability.REQUEST_ERRORS]
 
@@ -78,7 +140,7 @@ def _make_finish_case(ending: Ending, engines: int) -> None:
           f"With {engines} engine(s), {ending.text} ends exactly that stream with "
           f"'{ending.reason}' and the tokens sent before it; neighbour streams on every "
           "engine complete untouched and the frontend keeps serving.",
-          source=OUT, needs=ERR if ending.reason == "error" else GEN)
+          grounds=FINISH[ending.reason], needs=ERR if ending.reason == "error" else GEN)
     async def run(ctx: CaseContext) -> None:
         targets = [prompt(i) for i in range(engines)]
         neighbours = [prompt(100 + i) for i in range(engines)]
@@ -164,7 +226,7 @@ def _make_stop_case(shape: StopShape) -> None:
           f"For {shape.text}, the stream ends with 'stop', text up to the stop string "
           f"({shape.want_text!r}), tokens up to the one completing it, and "
           + ("no ABORT." if shape.final else "exactly one ABORT to its engine."),
-          source=STOP_SRC, needs=STOP_NEEDS)
+          grounds=STOP, needs=STOP_NEEDS)
     async def run(ctx: CaseContext) -> None:
         p = prompt(0)
         group = await ctx.start([EngineScript(rules=[by_prompt(p, _stop_steps(shape))])])
@@ -202,7 +264,7 @@ for _shape in STOP_SHAPES:
 @case("streaming.stop_string.owner_engines", Level.MUST,
       "With 3 engines, each stream ended by a stop string is aborted once at its own "
       "engine, while a neighbour on every engine streams on untouched.",
-      source=STOP_SRC, needs=STOP_NEEDS)
+      grounds=STOP_OWNERS, needs=STOP_NEEDS)
 async def stop_owner_engines(ctx: CaseContext) -> None:
     stops = [prompt(i) for i in range(3)]
     others = [prompt(100 + i) for i in range(3)]

@@ -18,13 +18,32 @@ import msgspec
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability
+from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire.codec import AddRequest
 from mock_engines.script import EngineScript, by_prompt, stream
 
-SOURCE = ("vllm 0.33.0 v1/serial_utils.py (MsgpackEncoder aux buffers, "
-          "VLLM_MSGPACK_ZERO_COPY_THRESHOLD=256); rust-client.md §2.4; vllm-rs "
-          "client_sends_large_multimodal_tensor_as_aux_frame")
+# A tensor of at least VLLM_MSGPACK_ZERO_COPY_THRESHOLD (256) bytes leaves the payload for an
+# aux frame whose index takes its place; a smaller one stays inline as ext(3) raw bytes.
+TENSOR_FRAMES = both(
+    py("vllm/v1/serial_utils.py:261", "if obj.nbytes < self.size_threshold and obj.is_cpu:"),
+    py("vllm/v1/serial_utils.py:263", "data = msgpack.Ext(CUSTOM_TYPE_RAW_VIEW, tensor_data(obj))"),
+    py("vllm/v1/serial_utils.py:269", "data = len(self.aux_buffers)"),
+    py("vllm/v1/engine/core_client.py:1290",
+       "message = (request_type.value, *self.encoder.encode(request))"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:35",
+       "const DEFAULT_MSGPACK_ZERO_COPY_THRESHOLD: usize = 256;"),
+    rs("rust/src/engine-core-client/src/protocol/tensor.rs:275", "if bytes.len() < threshold {"),
+    rs("rust/src/engine-core-client/src/protocol/tensor.rs:279",
+       "let index = aux_frames.len() + 1;"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:285",
+       "let aux_frames = payload.extract_aux_frames(self.msgpack_zero_copy_threshold);"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1908",
+       "async fn client_sends_large_multimodal_tensor_as_aux_frame()"),
+    engine("vllm/v1/serial_utils.py:407", "buffer = self.aux_buffers[data] if is_aux else data"),
+    note="rust applies the same encoding to the tensors it sends (multimodal features, "
+    "prompt_logprob_token_ids) but refuses prompt_embeds itself (protocol/request.rs:139), "
+    "so it cannot run these cases")
 NEEDS = [Capability.GENERATE, Capability.INPUT_TENSORS]
 EMBEDS_FIELD = 9  # EngineCoreRequest.prompt_embeds in the 22-element ADD array
 
@@ -47,7 +66,7 @@ def _make(width: int) -> None:
              "frame 2 is the raw native-endian bytes" if large else
              "inline: a 2-frame ADD whose tensor data is ext(3) raw native-endian bytes")
           + "; it decodes to the same values and the request is served.",
-          source=SOURCE, needs=NEEDS)
+          grounds=TENSOR_FRAMES, needs=NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(rules=[by_prompt(p, stream([100, 101]))])])
         handle = await ctx.driver.generate(p, 2, params={"prompt_embeds": rows})

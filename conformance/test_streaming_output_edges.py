@@ -14,6 +14,7 @@ from __future__ import annotations
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability, StreamHandle, UnsupportedOperation
+from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
 from harness.vocab import EOS_TOKEN_ID
 from harness.wire import messages as m
@@ -21,9 +22,40 @@ from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, str
 
 F = m.FinishReason
 GEN = [Capability.GENERATE]
-ADD_SRC = ("vllm 0.33.0 sampling_params.py update_from_generation_config / "
-           "update_from_tokenizer (_eos_token_id, _all_stop_token_ids); "
-           "input_processor.py:354-371 (external_req_id keeps the user's id)")
+# The ADD carries the client's temperature, the model's EOS id (also among the stop ids) and
+# max_tokens: the engine stops at EOS from _eos_token_id.
+ADD_SAMPLING = both(
+    py("vllm/sampling_params.py:525", "temperature=1.0 if temperature is None else temperature,"),
+    py("vllm/v1/engine/input_processor.py:489",
+       "sampling_params.update_from_generation_config("),
+    py("vllm/sampling_params.py:782", "self._eos_token_id = eos_token_id"),
+    py("vllm/sampling_params.py:787", "self._all_stop_token_ids.add(eos_token_id)"),
+    rs("rust/src/text/src/lower.rs:172",
+       "let temperature = temperature.or(default_temperature).unwrap_or(1.0);"),
+    rs("rust/src/text/src/lower.rs:197", "all_stop_token_ids.insert(primary_eos_token_id);"),
+    rs("rust/src/text/src/lower.rs:234",
+       "eos_token_id: (!ignore_eos).then_some(primary_eos_token_id).flatten(),"),
+    engine("vllm/v1/core/sched/utils.py:105",
+           "if last_token_id == sampling_params.eos_token_id:"))
+# external_req_id names the user's id; the engine-side request_id gets a random suffix.
+_EXTERNAL_ID = (
+    py("vllm/v1/engine/input_processor.py:363", "request.external_req_id = request.request_id"),
+    py("vllm/v1/engine/input_processor.py:371",
+       'request.request_id = f"{request.external_req_id}-{random_uuid():.8}"'),
+    rs("rust/src/llm/src/request.rs:124", "external_req_id: Some(external_request_id),"),
+    rs("rust/src/llm/src/request.rs:100",
+       'format!("{external_request_id}-{}", &random_suffix[..8])'))
+EXTERNAL_ID = both(
+    *_EXTERNAL_ID,
+    py("vllm/v1/engine/output_processor.py:322", "assert request.external_req_id is not None"))
+EXTERNAL_ID_CHOSEN = both(
+    *_EXTERNAL_ID,
+    py("vllm/entrypoints/openai/completion/serving.py:147",
+       'request_id = f"cmpl-{self._base_request_id(raw_request, request.request_id)}"'),
+    rs("rust/src/server/src/routes/openai/completions/convert.rs:73",
+       'let request_id = format!("cmpl-{}", ctx.request_id);'),
+    rs("rust/src/server/src/utils.rs:188",
+       "request_id_header.or(request_id).map(ToOwned::to_owned)"))
 
 
 # ----------------------------------------------------------------- ADD fields
@@ -34,7 +66,7 @@ def _make_greedy_eos(engines: int) -> None:
           f"With {engines} engine(s), every ADD of a greedy request (the client asks for "
           "temperature 0) carries temperature 0.0, the model's EOS token id as "
           "_eos_token_id, that id in _all_stop_token_ids, and the client's max_tokens.",
-          source=ADD_SRC, needs=GEN)
+          grounds=ADD_SAMPLING, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript() for _ in range(engines)])
         asks = [(prompt(i), 2 + i) for i in range(2 * engines)]
@@ -69,7 +101,7 @@ for _n in (1, 2):
 @case("streaming.add_fields.external_req_id_generated", Level.MUST,
       "Every ADD names the user-facing request id in external_req_id (vLLM's frontends set "
       "it; the engine-side request_id may carry a suffix), one distinct id per request.",
-      source=ADD_SRC, needs=GEN)
+      grounds=EXTERNAL_ID, needs=GEN)
 async def add_external_generated(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript() for _ in range(2)])
     handles = [await ctx.driver.generate(prompt(i), 2) for i in range(4)]
@@ -84,7 +116,7 @@ async def add_external_generated(ctx: CaseContext) -> None:
 @case("streaming.add_fields.external_req_id_client_chosen", Level.MUST,
       "With a client-chosen request id, the ADD's external_req_id names that id (an HTTP "
       "server may prefix it, as vLLM's OpenAI routes do: cmpl-<id>).",
-      source=ADD_SRC, needs=[Capability.GENERATE, Capability.CLIENT_REQUEST_ID])
+      grounds=EXTERNAL_ID_CHOSEN, needs=[Capability.GENERATE, Capability.CLIENT_REQUEST_ID])
 async def add_external_client(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     chosen = ["user-req-a", "user-req-b"]
@@ -111,6 +143,17 @@ async def add_external_client(ctx: CaseContext) -> None:
 
 # ----------------------------------------------------------------- request errors
 
+# The engine's RequestError message reaches the caller (python raises it; rust answers a
+# retryable one with its message).
+REQUEST_ERROR = both(
+    py("vllm/v1/engine/output_processor.py:767", "req_state.queue.put(error.to_exception())"),
+    py("vllm/outputs.py:34", "return RetryableRequestError(self.message)"),
+    rs("rust/src/llm/src/output.rs:156",
+       "EngineCoreFinishReason::Error => FinishReason::Error(error),"),
+    rs("rust/src/server/src/error.rs:124", "message: error.message.clone(),"),
+    note="rust forwards the message only for retryable or validation errors (error.rs:126 "
+    "answers 'Internal server error' otherwise); the case's error is retryable")
+
 ERROR_TEXT = "Generation is paused. Please retry after it resumes."
 PHASES: dict[str, list[Step]] = {
     "before_first_token": [],
@@ -124,8 +167,7 @@ def _make_error_message(phase: str, engines: int) -> None:
           f"With {engines} engine(s), a request the engine ends with ERROR and a "
           f"RequestError ({phase}) ends with finish_reason 'error' and an error that carries "
           "the engine's message for the user; its neighbour on the same engine completes.",
-          source="vllm 0.33.0 outputs.py RequestError.to_exception (the message is the "
-                 "exception text); output_processor.py:764-771 (raised to the caller)",
+          grounds=REQUEST_ERROR,
           needs=[Capability.GENERATE, Capability.REQUEST_ERRORS])
     async def run(ctx: CaseContext) -> None:
         failing = [prompt(i) for i in range(engines)]
@@ -165,6 +207,19 @@ for _phase in PHASES:
 
 # ----------------------------------------------------------------- tensor beside fields
 
+# prompt_embeds has its own ADD field; extra_args holds only kv/ec transfer params (and the
+# user's vllm_xargs).
+EMBEDS_FIELD = both(
+    py("vllm/v1/engine/__init__.py:128", "prompt_embeds: torch.Tensor | None = None"),
+    py("vllm/entrypoints/openai/completion/protocol.py:403",
+       'extra_args["kv_transfer_params"] = self.kv_transfer_params'),
+    rs("rust/src/engine-core-client/src/protocol/request.rs:95",
+       "pub prompt_embeds: Option<OpaqueValue>,"),
+    rs("rust/src/server/src/routes/openai/completions/convert.rs:151",
+       "vllm_xargs: merge_kv_transfer_params("),
+    engine("vllm/v1/request.py:120", "self.kv_transfer_params = sampling_params.extra_args.get("),
+    note="rust never copies prompt_embeds anywhere: it refuses the field (request.rs:139)")
+
 KV = {"do_remote_prefill": False, "remote_engine_id": "e-1"}
 EMBED_ROWS = [[r + c / 64 for c in range(8)] for r in range(3)]
 
@@ -177,8 +232,7 @@ def _make_embeds_only_as_tensor(with_kv: bool) -> None:
     @case(f"streaming.inputs.prompt_embeds_not_in_extra_args_{name}", Level.MUST,
           "prompt_embeds travels only as the ADD's tensor field: SamplingParams.extra_args "
           f"carries no copy of it ({beside}).",
-          source="vllm 0.33.0 v1/engine/__init__.py EngineCoreRequest.prompt_embeds (field "
-                 "9); v1/request.py:118-125 (extra_args holds kv/ec_transfer_params only)",
+          grounds=EMBEDS_FIELD,
           needs=[Capability.GENERATE, Capability.INPUT_TENSORS,
                  *([Capability.PASS_THROUGH] if with_kv else [])])
     async def run(ctx: CaseContext) -> None:
@@ -208,6 +262,16 @@ for _with_kv in (False, True):
 
 # ----------------------------------------------------------------- held-back stop text
 
+# A finished output releases the text held back for stop strings, whatever the reason.
+HELD_RELEASED = both(
+    py("vllm/v1/engine/detokenizer.py:165",
+       "buffer_length = 0 if finished else self.stop_buffer_length"),
+    py("vllm/v1/engine/output_processor.py:487",
+       "text = self.detokenizer.get_next_output_text(finished, delta)"),
+    rs("rust/src/text/src/output/decoded.rs:273", "// Flush any remaining buffered text."),
+    rs("rust/src/text/src/output/decoded.rs:274",
+       "let (last_chunk, full_decoded) = decoder.flush(truncate_output_to)?;"))
+
 HOLD_STOP = "zzzzzz"  # never matched; holds back the last 5 characters of the text
 
 
@@ -219,8 +283,7 @@ def _make_held_released(kind: F) -> None:
           f"A stop-string request the engine ends with {kind.name} in an output carrying no "
           f"new token still gets the text held back for the stop string: the stream ends "
           f"{reason!r} with tokens [100, 101] and text ' t100 t101', nothing lost.",
-          source=("vllm/v1/engine/detokenizer.py get_next_output_text (no buffer held back "
-                  "once finished); output_processor.py (a finished output flushes the text)"),
+          grounds=HELD_RELEASED,
           needs=[Capability.GENERATE, Capability.STOP_STRINGS,
                  *([Capability.REQUEST_ERRORS] if kind is F.ERROR else [])])
     async def run(ctx: CaseContext) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from harness.case_context import CaseContext
 from harness.frontends.driver import Capability
+from harness.grounds import defect, engine, py, rs
 from harness.sessionkit import (
-    SOURCE,
     F,
     finish_segment,
     open_first_segment,
@@ -26,6 +26,48 @@ from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, by_prompt
 
 NEEDS = [Capability.STREAMING_INPUT]
+# vllm-rs 0.33.0 has no streaming-input sessions: only the Python frontend holds these rules.
+_RS_NO_SESSIONS = rs("rust/src/llm/src/request.rs:121", "resumable: false,")
+_NO_RS = ("rust lacks streaming-input sessions in 0.33.0 (every ADD resumable=false, "
+          "rust/src/llm/src/request.rs:121), python holds it; ")
+SAME_ID = defect(
+    py("vllm/v1/engine/async_llm.py:657", "request_id=internal_req_id,"),
+    py("vllm/v1/engine/async_llm.py:660", "resumable=True,"),
+    py("vllm/v1/engine/async_llm.py:688",
+       "await self._add_request(final_req, None, None, 0, queue)"),
+    py("vllm/v1/engine/core_client.py:1758",
+       "if (engine := self.reqs_in_flight.get(request.request_id)) is not None:"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2932",
+           "existing = self.requests.get(request.request_id)"),
+    engine("vllm/v1/core/sched/scheduler.py:2944",
+           "self.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)"),
+    note=_NO_RS + "the engine finds the session by its request id (scheduler.py:2932); a "
+    "continuation under another id or at another engine opens a second resumable request "
+    "(scheduler.py:2946-2947), and without the non-resumable final ADD (scheduler.py:2944) "
+    "the session waits for input forever (engine left in a wrong state)")
+SEGMENT_BOUNDARY = defect(
+    py("vllm/v1/engine/output_processor.py:844",
+       "streaming_chunk_boundary = req_state.streaming_input and ("),
+    py("vllm/v1/engine/output_processor.py:859", "request_output.finished = False"),
+    py("vllm/v1/engine/output_processor.py:870", "if streaming_chunk_boundary:"),
+    py("vllm/v1/engine/output_processor.py:711", "req_state.streaming_input = False"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2719", "if not request.resumable:"),
+    note=_NO_RS + "the engine keeps a resumable request after its segment stops "
+    "(scheduler.py:2718-2720); a frontend that ends the stream there, or ABORTs it, loses "
+    "the continuation's tokens (lost data)")
+CLOSE_WHILE_RUNNING = defect(
+    py("vllm/v1/engine/async_llm.py:688",
+       "await self._add_request(final_req, None, None, 0, queue)"),
+    py("vllm/v1/engine/output_processor.py:711", "req_state.streaming_input = False"),
+    py("vllm/v1/engine/output_processor.py:845",
+       "finish_reason not in (FinishReason.ABORT, FinishReason.ERROR)"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2938", "existing.streaming_queue.append(update)"),
+    note=_NO_RS + "the engine queues the close behind the running segment "
+    "(scheduler.py:2938) and finishes it normally; ending the stream or sending an ABORT at "
+    "the close loses the segment's last tokens (lost data)")
 
 
 def _make_same_id(engines: int) -> None:
@@ -33,7 +75,7 @@ def _make_same_id(engines: int) -> None:
           f"With {engines} engine(s), a session's continuation and its final ADD carry the "
           "first ADD's request id and go to the engine that holds the session; the first "
           "and the continuation are resumable, the final one is not.",
-          source=f"{SOURCE}; core_client.py:1760-1762 (session affinity)", needs=NEEDS)
+          grounds=SAME_ID, needs=NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(scripts(engines, 1, 2))
         handle, rid = await open_first_segment(ctx, group)
@@ -71,7 +113,7 @@ def _make_keeps_stream(reason: m.FinishReason) -> None:
           f"A segment that finishes with {name!r} does not end the session's stream and "
           "draws no ABORT; the continuation's tokens arrive on the same stream, and closing "
           "the input ends it with the last segment's finish reason, without an ABORT.",
-          source=SOURCE, needs=NEEDS)
+          grounds=SEGMENT_BOUNDARY, needs=NEEDS)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(scripts(1, 1, 2, reason=reason))
         handle, rid = await open_first_segment(ctx, group)
@@ -115,8 +157,7 @@ for _reason in (F.LENGTH, F.STOP):
       "Closing the input while a segment still runs sends the final ADD at once but keeps "
       "the stream open until that segment finishes: its last tokens arrive and the stream "
       "ends with its finish reason, without an ABORT.",
-      source=f"{SOURCE}; output_processor.py:699-711 (final request while a chunk runs)",
-      needs=NEEDS)
+      grounds=CLOSE_WHILE_RUNNING, needs=NEEDS)
 async def close_while_segment_runs(ctx: CaseContext) -> None:
     steps = [Emit([100]), Finish(F.LENGTH, [101], 0.6)]
     group = await ctx.start([EngineScript(rules=[by_prompt(segment_prompt(0, 0), steps)])])

@@ -1,12 +1,13 @@
-"""A refused continuation or close of a streaming-input session must say WHY.
+"""A refused continuation or close of a streaming-input session should say WHY.
 
 A client that feeds a session gets a continuation or close refused in two different
 situations: the request has no open session at all (a plain request, a session that has
-ended) or the session's input is already closing. The Rust client has one error per
-situation (rust-client.md §1.6: continuation_without_an_open_session_is_rejected,
-closing_session_rejects_later_continuations); a port that refuses both with the same bare
-text leaves the client unable to tell "wrong request" from "too late". Dimensions: the
-client call (continue, close), the target (plain request, closed input, ended session).
+ended) or the session's input is already closing. Neither 0.33.0 frontend has such calls
+(Python feeds a session from an async generator; vllm-rs 0.33.0 has no sessions; the Rust
+tests rust-client.md §1.6 names are not in 0.33.0), so this is corewire's advice: a port
+that refuses both with the same bare text leaves the client unable to tell "wrong request"
+from "too late". Dimensions: the client call (continue, close), the target (plain request,
+closed input, ended session).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 from harness.case_context import CaseContext
 from harness.casekit import prompt
 from harness.frontends.driver import Capability, FrontendError
+from harness.grounds import both, engine, py, recommendation, rs
 from harness.sessionkit import (
     F,
     finish_segment,
@@ -26,9 +28,15 @@ from harness.sessionkit import (
 from harness.verdicts import Level, case
 from mock_engines.script import Emit, EngineScript, Finish, by_prompt, stream
 
-SRC = ("rust-client.md §1.6 (continuation_without_an_open_session_is_rejected, "
-       "closing_session_rejects_later_continuations); vllm 0.33.0 async_llm.py:640-690 "
-       "(input chunks only while the session's generator is open)")
+# Neither 0.33.0 frontend has a continue/close call that can refuse: corewire's advice.
+REFUSAL_SAYS_WHY = recommendation(
+    py("vllm/v1/engine/async_llm.py:642", "async for input_chunk in input_stream:"),
+    rs("rust/src/llm/src/request.rs:121", "resumable: false,"),
+    note="corewire's advice: python feeds a session from an async generator (async_llm.py:642), "
+    "so no call exists to refuse, and rust 0.33.0 has no sessions (the rust-client tests the "
+    "old source named are not in 0.33.0); a port with continue/close calls should say "
+    "whether the request has no open session or its input is already closing, so a client "
+    "can tell 'wrong request' from 'too late'")
 
 # target -> (what it is, a pattern the refusal must match)
 TARGETS = {
@@ -45,7 +53,7 @@ def _make_refusal(action: str, target: str) -> None:
     @case(f"streaming.sessions_edges.{action}_refusal_says_why_{target}", Level.SHOULD,
           f"A {action} of {what} is refused with an error that says why (matching "
           f"/{pattern}/i: no open session vs. input already closing), not a bare refusal.",
-          source=SRC, needs=[Capability.STREAMING_INPUT])
+          grounds=REFUSAL_SAYS_WHY, needs=[Capability.STREAMING_INPUT])
     async def run(ctx: CaseContext) -> None:
         long_first = [Emit([100], 0.01), Finish(F.LENGTH, [101], 0.8)]
         rules = [by_prompt(segment_prompt(0, 0),
@@ -86,15 +94,24 @@ for _action, _target in (("continuation", "plain_request"), ("continuation", "cl
 
 # ---------------------------------------------------------------- the wave before any wave
 
-WAVE0 = ("vllm/v1/engine/__init__.py EngineCoreRequest.current_wave (default 0); "
-         "core_client.py:1588-1611 (ADDs stamped with the coordinator's current_wave, which "
-         "starts at 0); rust-client.md §2.3 (ADD field current_wave)")
+# With one engine nobody stamps or reads a wave: the ADD keeps the struct default 0.
+WAVE0 = both(
+    py("vllm/v1/engine/__init__.py:143", "current_wave: int = 0"),
+    py("vllm/v1/engine/core_client.py:1340", "request.client_index = self.client_index"),
+    rs("rust/src/llm/src/request.rs:118", "current_wave: 0,"),
+    rs("rust/src/engine-core-client/src/client.rs:661",
+       "if let Some(coordinator) = self.coordinator.as_ref() {"),
+    engine("vllm/v1/engine/core.py:518",
+           "def add_request(self, request: Request, request_wave: int = 0):"),
+    note="the single-engine clients never stamp current_wave (core_client.py:1339-1341; "
+    "rust only with a coordinator, client.rs:661-662) and the non-DP engine ignores "
+    "request_wave (core.py:518): 0 is an unread default, so INFO only; rust has no sessions")
 
 
-@case("streaming.sessions_edges.single_engine_add_carries_wave_0", Level.MUST,
+@case("streaming.sessions_edges.single_engine_add_carries_wave_0", Level.INFO,
       "With one engine (no DP coordinator, so no wave was ever published), a request's ADD "
       "carries current_wave 0, the first wave, not a count from 1.",
-      source=WAVE0, needs=[Capability.GENERATE])
+      grounds=WAVE0, needs=[Capability.GENERATE])
 async def single_engine_add_wave_0(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     handle = await ctx.driver.generate(prompt(940), 2)
@@ -104,10 +121,10 @@ async def single_engine_add_wave_0(ctx: CaseContext) -> None:
                 observed=f"current_wave of the ADDs: {waves}")
 
 
-@case("streaming.sessions_edges.single_engine_session_adds_carry_wave_0", Level.MUST,
+@case("streaming.sessions_edges.single_engine_session_adds_carry_wave_0", Level.INFO,
       "With one engine (no DP coordinator), a session's first ADD, its continuation and its "
       "closing ADD all carry current_wave 0.",
-      source=WAVE0 + "; " + SRC, needs=[Capability.STREAMING_INPUT])
+      grounds=WAVE0, needs=[Capability.STREAMING_INPUT])
 async def single_engine_session_wave_0(ctx: CaseContext) -> None:
     rules = [by_prompt(segment_prompt(0, s), stream([100 + s], 0.01, F.LENGTH))
              for s in range(2)]

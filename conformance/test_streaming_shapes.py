@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability, StreamHandle
+from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
@@ -36,7 +37,40 @@ from mock_engines.script import (
 )
 
 F = m.FinishReason
-OUT = "protocol-python.md §6 (0.33.0); rust-client.md §1.3 (dispatcher)"
+# Each output in a message is routed by its request id, whatever its position or engine.
+_PY_LOOP = py("vllm/v1/engine/output_processor.py:757",
+              "for engine_core_output in engine_core_outputs:")
+_PY_LOOKUP = py("vllm/v1/engine/output_processor.py:759",
+                "req_state = self.request_states.get(req_id)")
+_PY_SKIP = py("vllm/v1/engine/output_processor.py:761",
+              "# Ignore output for already-aborted request.")
+_RS_DISPATCH = rs("rust/src/engine-core-client/src/client/imp.rs:464",
+                  "for output in inner.send_outputs(outputs) {")
+_RS_BY_ID = rs("rust/src/engine-core-client/src/client/state.rs:258",
+               "match self.requests.get_mut(output.request_id.as_str()) {")
+_RS_DROP = rs("rust/src/engine-core-client/src/client/imp.rs:467",
+              '"dropping output for inactive request"')
+BATCH_ORDER = both(
+    _PY_LOOP, _PY_LOOKUP,
+    py("vllm/v1/engine/output_processor.py:79",
+       "self.output.add(output, aggregate=self.aggregate)"),
+    _RS_DISPATCH, _RS_BY_ID,
+    rs("rust/src/engine-core-client/src/client/output_channel.rs:13",
+       "Outputs are never merged, reordered, or dropped here"))
+UNKNOWN_MID_BATCH = both(_PY_LOOP, _PY_SKIP, _RS_DISPATCH, _RS_DROP,
+                         rs("rust/src/engine-core-client/src/client/state.rs:260",
+                            "None => return Some(output),"))
+DUPLICATE_FINAL = both(
+    _PY_SKIP, py("vllm/v1/engine/output_processor.py:919", "self.request_states.pop(req_id)"),
+    rs("rust/src/engine-core-client/src/client/state.rs:253",
+       "match self.remove(output.request_id.as_str()) {"),
+    _RS_DROP)
+EMPTY_OUTPUTS = both(
+    py("vllm/v1/engine/detokenizer.py:103", "if not new_token_ids:"),
+    py("vllm/v1/engine/output_processor.py:869", "if finish_reason is not None:"),
+    rs("rust/src/engine-core-client/src/client/state.rs:252", "if output.finished() {"),
+    rs("rust/src/text/src/output/decoded.rs:194",
+       "for (tok_idx, &token_id) in decodable_token_ids.iter().enumerate() {"))
 GEN = [Capability.GENERATE]
 
 
@@ -76,7 +110,7 @@ def _require_streams(ctx: CaseContext, handles: Sequence[StreamHandle],
 @case("streaming.shape.batch_reversed_interleaved", Level.MUST,
       "Outputs of three requests batched in one message in reverse ADD order, then in an "
       "interleaved order, then their final outputs in a third order, each reach their own "
-      "stream in order.", source=OUT, needs=GEN)
+      "stream in order.", grounds=BATCH_ORDER, needs=GEN)
 async def batch_reversed(ctx: CaseContext) -> None:
     group, handles, owners = await _silent_requests(ctx, 1, 3)
     a, b, c = (rid for _rank, rid in owners)
@@ -92,7 +126,7 @@ def _make_interleaved(engines: int) -> None:
     @case(f"streaming.shape.interleaved_{engines}_engines", Level.MUST,
           f"With {engines} engines sending their requests' outputs in reversed, interleaved "
           "order (last engine first, requests reversed within each message), every stream "
-          "gets exactly its own tokens in order.", source=OUT, needs=GEN)
+          "gets exactly its own tokens in order.", grounds=BATCH_ORDER, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         group, handles, owners = await _silent_requests(ctx, engines, 2 * engines)
         ranks = sorted({rank for rank, _ in owners})
@@ -117,8 +151,8 @@ for _n in (2, 3, 4):
 
 @case("streaming.shape.unknown_id_mid_batch", Level.MUST,
       "An output for an unknown id in the middle of a batched message is skipped; the "
-      "outputs after it in the same message still reach their streams.", source=OUT,
-      needs=GEN)
+      "outputs after it in the same message still reach their streams.",
+      grounds=UNKNOWN_MID_BATCH, needs=GEN)
 async def unknown_mid_batch(ctx: CaseContext) -> None:
     group, handles, owners = await _silent_requests(ctx, 1, 2)
     a, b = (rid for _rank, rid in owners)
@@ -132,7 +166,7 @@ async def unknown_mid_batch(ctx: CaseContext) -> None:
 @case("streaming.shape.duplicate_final", Level.MUST,
       "A final output repeated in the same message and again in the next one ends the "
       "stream once: its tokens are not appended twice and the neighbour is unaffected.",
-      source=OUT, needs=GEN)
+      grounds=DUPLICATE_FINAL, needs=GEN)
 async def duplicate_final(ctx: CaseContext) -> None:
     group, handles, owners = await _silent_requests(ctx, 1, 2)
     a, b = (rid for _rank, rid in owners)
@@ -148,7 +182,7 @@ async def duplicate_final(ctx: CaseContext) -> None:
 @case("streaming.shape.empty_outputs", Level.MUST,
       "Outputs without tokens (an empty first output, an empty delta mid-stream, an empty "
       "final output) neither end nor corrupt the stream; the empty final one ends it.",
-      source=OUT, needs=GEN)
+      grounds=EMPTY_OUTPUTS, needs=GEN)
 async def empty_outputs(ctx: CaseContext) -> None:
     p = prompt(0)
     steps = [Emit([]), Emit([100], 0.02), Emit([], 0.02), Emit([101], 0.02),
@@ -161,15 +195,25 @@ async def empty_outputs(ctx: CaseContext) -> None:
 
 # ----------------------------------------------------------------- finished_requests
 
-FINISHED_SRC = ("vllm/v1/engine/core.py:2257 (finished_requests), core_client.py:1819-1826 "
-                "(DPLB frees routing state through it)")
+# finished_requests: python frees DP routing state by it (and never ends a stream by it);
+# rust drops the ids from its registry as a safety net.
+_PY_FINISHED = py("vllm/v1/engine/core_client.py:1823",
+                  "for req_id in outputs.finished_requests:")
+_RS_FINISHED = rs("rust/src/engine-core-client/src/client/imp.rs:486",
+                  "drop(inner.finish_requests(finished_requests));")
+FINISHED_WITH_OUTPUT = both(
+    _PY_FINISHED, py("vllm/v1/engine/output_processor.py:877", "self._finish_request(req_state)"),
+    _RS_FINISHED,
+    rs("rust/src/engine-core-client/src/client/state.rs:252", "if output.finished() {"),
+    engine("vllm/v1/engine/core.py:2257",
+           "eco = EngineCoreOutputs(finished_requests=req_ids, outputs=outputs)"))
 
 
 def _make_finished_with_output(engines: int) -> None:
     @case(f"streaming.finished_requests.with_final_output_{engines}_engines", Level.MUST,
           f"With {engines} engine(s) naming every finished request in finished_requests "
           "(in the same message as its final output), each stream completes normally and "
-          "later requests are still served.", source=FINISHED_SRC, needs=GEN)
+          "later requests are still served.", grounds=FINISHED_WITH_OUTPUT, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(report_finished=True) for _ in range(engines)])
         first = [await ctx.driver.generate(prompt(i), 3) for i in range(2 * engines)]
@@ -191,8 +235,28 @@ for _n in (1, 2):
     _make_finished_with_output(_n)
 
 
-RETIRED_SRC = ("rust-client.md §1.3/§4.1 #8 finished_requests_without_final_output_is_"
-               "treated_as_unexpected_close; " + FINISHED_SRC)
+RETIRED_ENDS_STREAM = differ(
+    _PY_FINISHED,
+    py("vllm/v1/engine/core_client.py:1259", "if outputs.outputs or outputs.scheduler_stats:"),
+    _RS_FINISHED,
+    rs("rust/src/engine-core-client/src/client/stream.rs:208",
+       "Poll::Ready(Some(Err(Error::RequestStreamClosed {"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1154",
+       "async fn finished_requests_without_final_output_is_treated_as_unexpected_close()"),
+    note="python keeps the stream open: finished_requests only frees DP routing state "
+    "(core_client.py:1822-1825), a finished_requests-only message is not even queued "
+    "(:1259), and OutputProcessor ends a stream only on a final output; rust removes the id "
+    "(imp.rs:486) so the stream ends with RequestStreamClosed (stream.rs:208)")
+RETIRED_NOT_ABORTED = both(
+    _PY_FINISHED,
+    py("vllm/v1/engine/core_client.py:1824",
+       "if (engine := self.reqs_in_flight.pop(req_id, None)) is not None:"),
+    _RS_FINISHED,
+    rs("rust/src/engine-core-client/src/client/stream.rs:224", "if self.is_terminated() {"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:335",
+       "let (_, engine_id) = registry.remove(request_id)?;"),
+    note="python sends nothing for it (the stream stays open); rust ends the stream, and a "
+    "terminated or unregistered stream is never auto-aborted")
 
 
 def _retired_after(tokens: list[int]) -> list[Emit | FinishedOnly]:
@@ -204,7 +268,8 @@ def _make_finished_without_output(phase: str, tokens: list[int]) -> None:
     @case(f"streaming.finished_requests.without_final_output_{phase}", Level.SHOULD,
           f"A request named in finished_requests without a final output ({phase}) should "
           "end its stream with an error within a bound instead of hanging (vllm-rs: "
-          "RequestStreamClosed); its neighbour is unaffected.", source=RETIRED_SRC, needs=GEN)
+          "RequestStreamClosed); its neighbour is unaffected.", grounds=RETIRED_ENDS_STREAM,
+          needs=GEN)
     async def run(ctx: CaseContext) -> None:
         p, q = prompt(0), prompt(1)
         await ctx.start([EngineScript(rules=[by_prompt(p, _retired_after(tokens)),
@@ -240,7 +305,7 @@ def _make_retired_not_aborted(phase: str, tokens: list[int], engines: int = 1) -
           f"A request the engine names in finished_requests without a final output ({phase}) "
           "is retired engine-side: the frontend sends no ABORT for it, to any engine, on its "
           "own, whether it ends the stream with an error (Rust) or keeps it open (Python)"
-          f"{neighbour}.", source=RETIRED_SRC, needs=GEN)
+          f"{neighbour}.", grounds=RETIRED_NOT_ABORTED, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         p, q = prompt(0), prompt(1)
         rules = [by_prompt(p, _retired_after(tokens)), by_prompt(q, stream([300, 301], 0.05))]
@@ -281,14 +346,29 @@ _make_retired_not_aborted("after_tokens", [100, 101], engines=2)
 
 # ----------------------------------------------------------------- aux frames
 
+# Output ndarrays: inline ext(3) raw bytes or an index into the message's aux frames.
+AUX_OUTPUTS = both(
+    py("vllm/v1/engine/core_client.py:1219",
+       "outputs: EngineCoreOutputs = decoder.decode(frames)"),
+    py("vllm/v1/serial_utils.py:392",
+       "buffer = self.aux_buffers[data] if isinstance(data, int) else data"),
+    py("vllm/v1/engine/output_processor.py:786", "req_state.routed_experts_chunks.append("),
+    rs("rust/src/engine-core-client/src/protocol/output.rs:464",
+       "outputs.resolve_in_place(frames)?;"),
+    rs("rust/src/engine-core-client/src/protocol/tensor.rs:255",
+       "pub(crate) fn resolve_aux_frame(&mut self, frames: &[Bytes]) -> Result<(), String> {"),
+    rs("rust/src/engine-core-client/src/protocol/tensor.rs:294",
+       "Value::Ext(tag, bytes) if tag == CUSTOM_TYPE_RAW_VIEW => {"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:1856",
+       "async fn client_decodes_multipart_logprob_outputs()"))
+
 
 def _make_aux(engines: int) -> None:
     @case(f"streaming.aux.multipart_outputs_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), outputs carrying ndarrays both inline (ext 3) and as "
           "aux frames (several per message) are decoded, not taken for garbage: every "
           "stream completes with its tokens.",
-          source=("rust-client.md §2.4 (ndarray data: ext 3 or aux frame index); "
-                  "client_decodes_multipart_logprob_outputs"), needs=GEN)
+          grounds=AUX_OUTPUTS, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         steps = [EmitArrays([100], 32), EmitArrays([101, 102, 103], 32, 0.03),
                  Finish(F.LENGTH, [104], 0.03)]
@@ -315,14 +395,23 @@ for _n in (1, 2):
 
 # ----------------------------------------------------------------- scheduler stats
 
+# Stats-only messages update load/metrics state and touch no stream.
+STATS_ONLY = both(
+    py("vllm/v1/engine/core_client.py:1259", "if outputs.outputs or outputs.scheduler_stats:"),
+    py("vllm/v1/engine/async_llm.py:924",
+       "output_processor.update_scheduler_stats(outputs.scheduler_stats)"),
+    rs("rust/src/engine-core-client/src/client/imp.rs:490",
+       "if !inner.apply_scheduler_stats(batch.engine_index, scheduler_stats) {"),
+    rs("rust/src/engine-core-client/src/tests/client.rs:898",
+       "async fn coordinator_accepts_stats_only_outputs()"))
+
 
 def _make_stats_only(engines: int) -> None:
     @case(f"streaming.stats.stats_only_mid_stream_{engines}_engines", Level.MUST,
           f"With {engines} engines each sending stats-only messages (scheduler_stats, no "
           "outputs) between a request's outputs, every stream completes untouched and "
           "later requests are still served.",
-          source=("rust-client.md §4.1 coordinator_accepts_stats_only_outputs; "
-                  "core_client.py:1256 (stats-only messages queued)"), needs=GEN)
+          grounds=STATS_ONLY, needs=GEN)
     async def run(ctx: CaseContext) -> None:
         steps = [Emit([100]), StatsOnly(0.02), Emit([101], 0.02), StatsOnly(),
                  Finish(F.LENGTH, [102], 0.02)]

@@ -12,6 +12,7 @@ from typing import Any
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
+from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from harness.vllm_dist import tiny_lora_dir
 from harness.wire import messages as m
@@ -25,12 +26,52 @@ from mock_engines.script import (
     stream,
 )
 
-SPEC = "protocol-python.md §5.4 (0.33.0)"
+_CC = "vllm/v1/engine/core_client.py"
+_CORE = "vllm/v1/engine/core.py"
+_ECC = "rust/src/engine-core-client/src"
+_CLIENT = f"{_ECC}/client.rs"
+_IMP = f"{_ECC}/client/imp.rs"
+_STATE = f"{_ECC}/client/state.rs"
+_UTIL = f"{_ECC}/protocol/utility.rs"
+_TESTS = f"{_ECC}/tests/client.rs"
+_ROUTES = "rust/src/server/src/routes"
+
+# The UTILITY frame: type byte 0x03, then [client_index, call_id, method, args].
+WIRE_SHAPE = both(
+    py("vllm/v1/engine/__init__.py:308", r'UTILITY = b"\x03"'),
+    py(f"{_CC}:1325", "call_id = uuid.uuid1().int >> 64"),
+    py(f"{_CC}:1330", "*self.encoder.encode((self.client_index, call_id, method, args)),"),
+    rs(f"{_ECC}/protocol/request.rs:55", r'Self::Utility => b"\x03",'),
+    rs(f"{_UTIL}:159", "pub client_index: u32,"),
+    rs(f"{_UTIL}:185", "Value::Nil => Value::Array(Vec::new()),"),
+    rs(f"{_TESTS}:1448", "assert_eq!(array[3], Value::Array(Vec::new()));"),
+    engine(f"{_CORE}:1765", "client_idx, call_id, method_name, args = request"),
+)
+# reset_prefix_cache() with its defaults: both send the two flags, false.
+RESET_DEFAULTS = both(
+    py(f"{_CC}:1385", "self, reset_running_requests: bool = False, reset_connector: bool = False"),
+    py(f"{_CC}:1389", '"reset_prefix_cache", reset_running_requests, reset_connector'),
+    rs(f"{_ROUTES}/cache.rs:36",
+       ".reset_prefix_cache(params.reset_running_requests, params.reset_external)"),
+    rs(f"{_CLIENT}:928", "(reset_running_requests, reset_connector),"),
+    engine(f"{_CORE}:884",
+           "self, reset_running_requests: bool = False, reset_connector: bool = False"),
+    note="SHOULD, not MUST: the engine's reset_prefix_cache defaults both flags to False "
+         "(core.py:884), so args [] act the same; no engine relies on the explicit falses",
+)
+# A reply is matched to its call by call id, however late and in whatever order.
+MATCH = both(
+    py(f"{_CC}:1327", "self.utility_results[call_id] = future"),
+    py(f"{_CC}:937", "future = utility_results.pop(output.call_id)"),
+    rs(f"{_STATE}:459", "self.utility_calls.insert(call_id, tx);"),
+    rs(f"{_IMP}:254", "match self.utility_reg.lock().resolve(&call_id) {"),
+    engine(f"{_CORE}:1768", "output = UtilityOutput(call_id)"),
+)
 
 
 @case("utility.is_sleeping.wire_shape", Level.MUST,
       "is_sleeping is sent as UTILITY [client_index:int, call_id:uint64, 'is_sleeping', []].",
-      source=SPEC, needs=[Capability.IS_SLEEPING])
+      grounds=WIRE_SHAPE, needs=[Capability.IS_SLEEPING])
 async def is_sleeping_shape(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     await ctx.driver.is_sleeping()
@@ -45,9 +86,10 @@ async def is_sleeping_shape(ctx: CaseContext) -> None:
                 observed=[msg.client_index, msg.call_id, msg.method, msg.args])
 
 
-@case("utility.reset_prefix_cache.wire_args", Level.MUST,
-      "reset_prefix_cache() is sent with args [false, false] (reset_running_requests, "
-      "reset_connector).", source="PR #43429", needs=[Capability.RESET_PREFIX_CACHE])
+@case("utility.reset_prefix_cache.wire_args", Level.SHOULD,
+      "reset_prefix_cache() should be sent with args [false, false] "
+      "(reset_running_requests, reset_connector).", grounds=RESET_DEFAULTS,
+      needs=[Capability.RESET_PREFIX_CACHE])
 async def reset_args(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     await ctx.driver.reset_prefix_cache()
@@ -58,7 +100,7 @@ async def reset_args(ctx: CaseContext) -> None:
 
 
 @case("utility.reply.delayed", Level.MUST,
-      "A utility reply that arrives late (0.5 s) is still matched to its call.", source=SPEC,
+      "A utility reply that arrives late (0.5 s) is still matched to its call.", grounds=MATCH,
       needs=[Capability.IS_SLEEPING])
 async def delayed_reply(ctx: CaseContext) -> None:
     await ctx.start([EngineScript(utilities={"is_sleeping": UtilityReply(True, delay=0.5)})])
@@ -68,7 +110,7 @@ async def delayed_reply(ctx: CaseContext) -> None:
 
 @case("utility.concurrent.matched_by_call_id", Level.MUST,
       "Concurrent utility calls get their own replies, matched by call id (the older "
-      "call's reply arrives while the newer call is still pending).", source=SPEC,
+      "call's reply arrives while the newer call is still pending).", grounds=MATCH,
       needs=[Capability.IS_SLEEPING, Capability.RESET_PREFIX_CACHE])
 async def concurrent(ctx: CaseContext) -> None:
     await ctx.start([EngineScript(utilities={
@@ -88,11 +130,162 @@ async def concurrent(ctx: CaseContext) -> None:
 # call_utility_all_async (core_client.py:1305-1312, :1814-1816), Rust call_utility
 # (rust-client.md §1.7) both call every engine once.
 
-FANOUT = "core_client.py:1305-1312,1814-1816; rust-client.md §1.7 (0.33.0)"
-AGG = "core_client.py:1314-1320,1361-1415; rust-client.md §1.7 (0.33.0)"
-STRAY = "core_client.py:1222-1244 (special call ids -1 / -2); rust-client.md §1.3"
-IDS = "v1/engine/input_processor.py:354-371; rust-client.md §1.4 DuplicateRequestId"
-PASS = "v1/request.py:118-125 (extra_args kv/ec_transfer_params); EngineCoreRequest"
+# Every utility call reaches every engine once (Python DPLB fans out and keeps engine 0's
+# answer; Rust call_utility sends one call per engine).
+FANOUT = both(
+    py(f"{_CC}:1816", "return (await self.call_utility_all_async(method, *args))[0]"),
+    py(f"{_CC}:1309", "self._call_utility_async(method, *args, engine=engine)"),
+    py(f"{_CC}:1310", "for engine in self.core_engines"),
+    rs(f"{_CLIENT}:743", "for engine in &self.engines {"),
+    rs(f"{_CLIENT}:744", "let (call_id, rx) = self.inner.allocate_and_register_utility_call()?;"),
+    rs(f"{_TESTS}:2166",
+       "async fn multi_engine_abort_is_grouped_and_utility_fans_out_to_all_engines()"),
+)
+# One engine's failure reply fails the whole call.
+ONE_FAILS = both(
+    py(f"{_CC}:941", "future.set_exception(Exception(failure_message))"),
+    py(f"{_CC}:1307", "return await asyncio.gather("),
+    rs(f"{_UTIL}:245", "return Err(Error::UtilityCallFailed {"),
+    rs(f"{_CLIENT}:765", "outcomes.into_iter().collect()"),
+    rs(f"{_TESTS}:1490", "async fn call_utility_waits_for_all_engines_before_returning_error()"),
+    engine(f"{_CORE}:1850", 'output.failure_message = f"Call to {name} method failed: {str(e)}"'),
+)
+# is_sleeping / is_scheduler_paused / get_weight_version: every engine asked, all must agree.
+CONSENSUS = both(
+    py(f"{_CC}:1315", "results = await self.call_utility_all_async(method, *args)"),
+    py(f"{_CC}:1316", "if any(result != results[0] for result in results):"),
+    py(f"{_CC}:1362", 'return await self.call_utility_consensus_async("is_scheduler_paused")'),
+    py(f"{_CC}:1415", 'return await self.call_utility_consensus_async("get_weight_version")'),
+    rs(f"{_CLIENT}:775", "let results: Vec<T> = self.call_utility(method, args).await?;"),
+    rs(f"{_CLIENT}:777", "if results.iter().all_equal() {"),
+    rs(f"{_CLIENT}:990", 'self.call_utility_consensus("is_scheduler_paused", ()).await'),
+    rs(f"{_CLIENT}:896", 'self.call_utility_consensus("get_weight_version", ()).await'),
+    rs(f"{_TESTS}:2570", "async fn is_sleeping_returns_error_when_engines_disagree()"),
+)
+# reset_prefix_cache is the AND over engines.
+RESET_AND = both(
+    py(f"{_CC}:1389", '"reset_prefix_cache", reset_running_requests, reset_connector'),
+    py(f"{_CC}:1388", "await self.call_utility_all_async("),
+    rs(f"{_CLIENT}:932", ".all(|reset| reset))"),
+    rs(f"{_TESTS}:2706", "async fn reset_prefix_cache_returns_false_when_any_engine_fails()"),
+)
+# The answers are gathered in engine order, whatever order the replies arrive in.
+_IN_ENGINE_ORDER = (
+    py(f"{_CC}:1307", "return await asyncio.gather("),
+    rs(f"{_CLIENT}:751", "let outcomes = join_all(prepared_calls.into_iter().map("),
+)
+# wake_up is the AND over engines ("fully awake" only when every engine is).
+WAKE_AND = both(
+    py(f"{_CC}:1403", 'return all(await self.call_utility_all_async("wake_up", tags))'),
+    rs(f"{_CLIENT}:972", ".all(|fully_awake| fully_awake))"),
+    rs(f"{_ROUTES}/sleep.rs:119", 'status: if fully_awake { "awake" } else { "sleeping" },'),
+    rs(f"{_TESTS}:2335", "async fn wake_up_requires_every_engine_to_be_fully_awake()"),
+    engine(f"{_CORE}:1031", "def wake_up(self, tags: list[str] | None = None) -> bool:"),
+    note="both AND; kept SHOULD while the vllm-rs driver reads no value from POST /wake_up "
+         "(it answers status 'sleeping' when not every engine is fully awake, sleep.rs:119)",
+)
+LORA_AND = differ(
+    py(f"{_CC}:1418", 'return await self.call_utility_async("add_lora", lora_request)'),
+    py(f"{_CC}:1421", 'return await self.call_utility_async("remove_lora", lora_id)'),
+    py(f"{_CC}:1816", "return (await self.call_utility_all_async(method, *args))[0]"),
+    rs(f"{_CLIENT}:941", ".all(|loaded| loaded))"),
+    rs(f"{_CLIENT}:950", ".all(|removed| removed))"),
+    note="rust ANDs add_lora / remove_lora over engines (client.rs:941, :950); python's DPLB "
+         "client fans out but returns engine 0's answer (core_client.py:1816)",
+)
+RPC_FLATTEN = differ(
+    py(f"{_CC}:1442", '"collective_rpc", method, timeout, args, kwargs'),
+    py(f"{_CC}:1816", "return (await self.call_utility_all_async(method, *args))[0]"),
+    rs(f"{_CLIENT}:810", "rmpv::Value::Array(results) => results,"),
+    rs(f"{_TESTS}:2418", "async fn collective_rpc_flattens_results_from_all_engines()"),
+    note="rust flattens every engine's worker list in engine order (client.rs:810); python's "
+         "DPLB client returns engine 0's list only (core_client.py:1816)",
+)
+CANCEL = both(
+    py(f"{_CC}:937", "future = utility_results.pop(output.call_id)"),
+    py(f"{_CC}:945", "except asyncio.InvalidStateError:"),
+    rs(f"{_CLIENT}:733", "self.inner.unregister_utility_calls(self.call_ids.drain(..));"),
+    rs(f"{_IMP}:521", '"dropping output for unexpected utility call"'),
+    rs(f"{_TESTS}:1641", "assert_eq!(client.pending_utility_call_count(), 0);"),
+    note="vLLM's Rust test cancelled_utility_call_unregisters_waiter asserts the waiter is "
+         "gone at cancellation (pending count 1 -> 0, tests/client.rs:1638-1641, engine never "
+         "answers); this case checks the weaker observable that a late reply is dropped and "
+         "the client keeps serving, which Python holds although it keeps the cancelled future "
+         "until the reply pops it (core_client.py:937, :945)",
+)
+# Special call ids: -1 (elastic-EP notification), -2 (fault-tolerance status).
+_RS_NEGATIVE_ID_DROPPED = (
+    rs(f"{_IMP}:249", "let Some(call_id) = output.call_id.as_u64() else {"),
+    rs(f"{_IMP}:521", '"dropping output for unexpected utility call"'),
+)
+EEP_DP = both(
+    py(f"{_CC}:1222", "outputs.utility_output.call_id == EEP_NOTIFICATION_CALL_ID"),
+    py(f"{_CC}:1223", "and notification_callback_handler is not None"),
+    *_RS_NEGATIVE_ID_DROPPED,
+    engine(f"{_CORE}:2650", "call_id=EEP_NOTIFICATION_CALL_ID,"),
+)
+EEP_SINGLE = differ(
+    py(f"{_CC}:1212", 'getattr(self.__class__, "eep_process_engine_core_notification", None)'),
+    py(f"{_CC}:937", "future = utility_results.pop(output.call_id)"),
+    *_RS_NEGATIVE_ID_DROPPED,
+    engine(f"{_CORE}:2650", "call_id=EEP_NOTIFICATION_CALL_ID,"),
+    note="python: only the DP clients define eep_process_engine_core_notification "
+         "(core_client.py:1212), so the single-engine client hands call id -1 to "
+         "utility_results.pop (core_client.py:937): KeyError, the output handler dies; rust "
+         "drops any call id that is not a u64 (imp.rs:249). An engine sends -1 only after an "
+         "elastic-EP reconfiguration (core.py:2650), which needs data parallelism",
+)
+FT_STATUS = both(
+    py(f"{_CC}:1237", "elif outputs.utility_output.call_id == FT_STATUS_CALL_ID:"),
+    *_RS_NEGATIVE_ID_DROPPED,
+    engine("vllm/v1/fault_tolerance/engine_core_sentinel.py:149", "call_id=FT_STATUS_CALL_ID,"),
+)
+# Client request ids: both frontends append a random suffix for the engine-side id.
+_SUFFIXED = (
+    py("vllm/v1/engine/input_processor.py:371",
+       'request.request_id = f"{request.external_req_id}-{random_uuid():.8}"'),
+    rs("rust/src/llm/src/request.rs:100",
+       'format!("{external_request_id}-{}", &random_suffix[..8])'),
+)
+_RS_DUPLICATE = rs(f"{_STATE}:170", "return Err(Error::DuplicateRequestId { request_id });")
+IDS_DISTINCT = both(
+    *_SUFFIXED, _RS_DUPLICATE,
+    rs(f"{_TESTS}:1082",
+       "async fn duplicate_request_ids_are_rejected_without_sending_a_second_add()"),
+)
+IDS_REFUSED = recommendation(
+    *_SUFFIXED, _RS_DUPLICATE,
+    py("vllm/v1/engine/output_processor.py:692",
+       "self.external_req_ids[req_state.external_req_id].append(request_id)"),
+    note="neither 0.33.0 frontend refuses at its surface: both suffix every client id "
+         "(input_processor.py:371, llm/src/request.rs:100), so the Rust engine-core client's "
+         "DuplicateRequestId (state.rs:170) is not reached through vllm-rs. corewire advises "
+         "refusing: a client id then names one request, and an abort by client id (Python "
+         "maps it to every engine-side id, output_processor.py:692) cannot hit the other one",
+)
+IDS_REUSE = both(
+    *_SUFFIXED,
+    rs(f"{_STATE}:252", "if output.finished() {"),
+    rs(f"{_STATE}:253", "match self.remove(output.request_id.as_str()) {"),
+)
+# Pass-through fields: the OpenAI surfaces put kv/ec_transfer_params into extra_args.
+PASS_KV = both(
+    py("vllm/entrypoints/openai/completion/protocol.py:403",
+       'extra_args["kv_transfer_params"] = self.kv_transfer_params'),
+    rs("rust/src/server/src/utils.rs:70", '"kv_transfer_params".to_string(),'),
+    engine("vllm/v1/request.py:120", "self.kv_transfer_params = sampling_params.extra_args.get("),
+)
+PASS_EC = both(
+    py("vllm/entrypoints/openai/completion/protocol.py:406",
+       'extra_args["ec_transfer_params"] = self.ec_transfer_params'),
+    rs("rust/src/server/src/utils.rs:88", '"ec_transfer_params".to_string(),'),
+    engine("vllm/v1/request.py:123", "self.ec_transfer_params = sampling_params.extra_args.get("),
+)
+PASS_SALT = both(
+    py("vllm/v1/engine/input_processor.py:548", 'cache_salt=decoder_input.get("cache_salt"),'),
+    rs(f"{_ROUTES}/openai/completions/convert.rs:166", "cache_salt: request.cache_salt,"),
+    engine("vllm/v1/request.py:260", "cache_salt=request.cache_salt,"),
+)
 CALL = [Capability.CALL_UTILITY]
 # A wire LoRARequest [lora_name, lora_int_id, path]: the checked-in adapter fixture and id 1,
 # the first id a frontend that numbers adapters itself (vllm-rs) hands out.
@@ -190,7 +383,7 @@ def _fan_out_case(method: str) -> Callable[[CaseContext], Awaitable[None]]:
 
     return case(f"utility.{method}.fan_out_once", Level.MUST,
                 f"A {method} call reaches every engine (3) exactly once, with the wire args "
-                f"{args}.", source=FANOUT, needs=CALL)(run)
+                f"{args}.", grounds=FANOUT, needs=CALL)(run)
 
 
 def _failure_case(method: str) -> Callable[[CaseContext], Awaitable[None]]:
@@ -207,7 +400,7 @@ def _failure_case(method: str) -> Callable[[CaseContext], Awaitable[None]]:
 
     return case(f"utility.{method}.one_engine_fails", Level.MUST,
                 f"When one engine of 3 (the last) fails {method}, the call fails instead of "
-                f"answering from the others.", source=FANOUT, needs=CALL)(run)
+                f"answering from the others.", grounds=ONE_FAILS, needs=CALL)(run)
 
 
 for _method in METHODS:
@@ -233,7 +426,7 @@ def _consensus_disagree(method: str, values: list[Any]
 
     return case(f"utility.{method}.disagree", Level.MUST,
                 f"When engines disagree on {method} ({values}, the odd one last) the call "
-                f"fails instead of picking a value.", source=AGG, needs=CALL)(run)
+                f"fails instead of picking a value.", grounds=CONSENSUS, needs=CALL)(run)
 
 
 disagree_paused = _consensus_disagree("is_scheduler_paused", [False, False, True])
@@ -242,7 +435,7 @@ disagree_weight_version = _consensus_disagree("get_weight_version", ["v1", "v1",
 
 @case("utility.is_scheduler_paused.agree_four", Level.MUST,
       "With 4 engines that all report paused, every engine is asked and "
-      "is_scheduler_paused is true.", source=AGG, needs=CALL)
+      "is_scheduler_paused is true.", grounds=CONSENSUS, needs=CALL)
 async def paused_agree_four(ctx: CaseContext) -> None:
     result = await _answer(ctx, "is_scheduler_paused", [True] * 4)
     asked = len(ctx.engines.transcript.utility_calls("is_scheduler_paused"))
@@ -252,34 +445,37 @@ async def paused_agree_four(ctx: CaseContext) -> None:
 
 @case("utility.reset_prefix_cache.and_four_last_false", Level.MUST,
       "reset_prefix_cache over 4 engines is false when only the last engine fails to reset.",
-      source=AGG, needs=CALL)
+      grounds=RESET_AND, needs=CALL)
 async def reset_and_four(ctx: CaseContext) -> None:
     result = await _answer(ctx, "reset_prefix_cache", [True, True, True, False])
     ctx.require(result is False, expected="false", observed=result)
 
 
-def _and_case(method: str, reason: str) -> Callable[[CaseContext], Awaitable[None]]:
+def _and_case(method: str, reason: str, grounds: Grounds
+              ) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
         result = await _answer(ctx, method, [True, False])
         ctx.require(result is False, expected=f"{method} false: engine 1 answered false",
                     observed=result)
 
     return case(f"utility.{method}.and_across_engines", Level.SHOULD,
-                f"{method}'s answer is the AND over engines ([true, false] -> false). "
-                f"{reason}", source=AGG, needs=CALL)(run)
+                f"{method}'s answer should be the AND over engines ([true, false] -> false). "
+                f"{reason}", grounds=grounds, needs=CALL)(run)
 
 
-and_wake_up = _and_case("wake_up", "Python all() (:1402-1403); Rust /wake_up returns no "
-                                   "value.")
-and_add_lora = _and_case("add_lora", "Rust ANDs; Python DPLB returns engine 0's answer.")
+and_wake_up = _and_case("wake_up", "Python all() (core_client.py:1403); the Rust client ANDs "
+                                   "too and /wake_up reports it as status 'sleeping'.",
+                        WAKE_AND)
+and_add_lora = _and_case("add_lora", "Rust ANDs; Python DPLB returns engine 0's answer.",
+                         LORA_AND)
 and_remove_lora = _and_case("remove_lora", "Rust ANDs; Python DPLB returns engine 0's "
-                                           "answer.")
+                                           "answer.", LORA_AND)
 
 
 @case("utility.collective_rpc.flatten_engine_order", Level.SHOULD,
       "collective_rpc returns every engine's results flattened in engine order, even when "
       "the replies arrive in reverse order (Rust flattens; Python DPLB returns engine 0's "
-      "list only).", source=AGG, needs=CALL)
+      "list only).", grounds=RPC_FLATTEN, needs=CALL)
 async def rpc_flatten(ctx: CaseContext) -> None:
     result = await _answer(ctx, "collective_rpc", [["a"], ["b"], ["c"]], [0.4, 0.2, 0.0])
     ctx.require(result == ["a", "b", "c"], expected="['a', 'b', 'c']", observed=result)
@@ -287,7 +483,8 @@ async def rpc_flatten(ctx: CaseContext) -> None:
 
 @case("utility.reply.reversed_order_and", Level.MUST,
       "Replies from 3 engines arriving in reverse order ([true, true, false], engine 0 "
-      "last) still aggregate to reset_prefix_cache false.", source=AGG, needs=CALL)
+      "last) still aggregate to reset_prefix_cache false.",
+      grounds=both(*_IN_ENGINE_ORDER, *RESET_AND.cites), needs=CALL)
 async def reversed_and(ctx: CaseContext) -> None:
     result = await _answer(ctx, "reset_prefix_cache", [True, True, False], [0.4, 0.2, 0.0])
     ctx.require(result is False, expected="false", observed=result)
@@ -295,7 +492,8 @@ async def reversed_and(ctx: CaseContext) -> None:
 
 @case("utility.reply.interleaved_consensus", Level.MUST,
       "is_scheduler_paused replies from 4 engines arriving interleaved (1, 3, 0, 2) "
-      "aggregate to the common value.", source=AGG, needs=CALL)
+      "aggregate to the common value.", grounds=both(*_IN_ENGINE_ORDER, *CONSENSUS.cites),
+      needs=CALL)
 async def interleaved_consensus(ctx: CaseContext) -> None:
     result = await _answer(ctx, "is_scheduler_paused", [True] * 4, [0.3, 0.0, 0.45, 0.15])
     ctx.require(result is True, expected="true", observed=result)
@@ -303,7 +501,8 @@ async def interleaved_consensus(ctx: CaseContext) -> None:
 
 @case("utility.concurrent.different_methods", Level.MUST,
       "Concurrent calls of three different methods on 2 engines, with replies crossing, "
-      "each get their own aggregated answer.", source=FANOUT, needs=CALL)
+      "each get their own aggregated answer.",
+      grounds=both(*MATCH.cites, *CONSENSUS.cites[:2], *RESET_AND.cites[:3]), needs=CALL)
 async def concurrent_methods(ctx: CaseContext) -> None:
     await ctx.start([
         EngineScript(utilities={"is_sleeping": UtilityReply(True, delay=0.4),
@@ -342,7 +541,7 @@ async def _still_serves(ctx: CaseContext, what: str) -> None:
 @case("utility.cancel.late_reply_harmless", Level.MUST,
       "A utility call the client cancels leaves nothing behind: its late reply is dropped "
       "and later calls and streams work (Rust cancelled_utility_call_unregisters_waiter).",
-      source="rust-client.md §1.7; core_client.py:933-952",
+      grounds=CANCEL,
       needs=[Capability.CALL_UTILITY, Capability.CANCEL_UTILITY])
 async def cancelled_call(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(utilities={
@@ -360,7 +559,7 @@ async def cancelled_call(ctx: CaseContext) -> None:
 
 
 def _stray_case(name: str, engines: int, output: m.UtilityOutput, level: Level,
-                what: str) -> Callable[[CaseContext], Awaitable[None]]:
+                what: str, grounds: Grounds) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(engines)
         frames = group.codec.encode_outputs(m.EngineCoreOutputs(
@@ -371,7 +570,7 @@ def _stray_case(name: str, engines: int, output: m.UtilityOutput, level: Level,
 
     return case(f"utility.stray.{name}", level,
                 f"{what.capitalize()} from an engine ({engines} engine(s)) does not break "
-                f"the client: utilities and streams keep working.", source=STRAY,
+                f"the client: utilities and streams keep working.", grounds=grounds,
                 needs=CALL)(run)
 
 
@@ -380,11 +579,11 @@ EEP = m.UtilityOutput(-1, None, m.UtilityResult(None, ["RECONFIGURE_FINISHED", 0
 # SHOULD like dp.utility.unsolicited_reply_ignored: Python's non-DP client has no EEP
 # handler and treats -1 as an unknown call id (KeyError in its output reader).
 stray_eep_single = _stray_case("eep_notification_single", 1, EEP, Level.SHOULD,
-                               "an EEP notification (call id -1)")
+                               "an EEP notification (call id -1)", EEP_SINGLE)
 stray_eep_dp = _stray_case("eep_notification_dp", 2, EEP, Level.MUST,
-                           "an EEP notification (call id -1)")
+                           "an EEP notification (call id -1)", EEP_DP)
 stray_ft = _stray_case("ft_status", 1, m.UtilityOutput(-2, None, m.UtilityResult(
-    None, {"status": "healthy"})), Level.MUST, "an FT status report (call id -2)")
+    None, {"status": "healthy"})), Level.MUST, "an FT status report (call id -2)", FT_STATUS)
 
 
 # ---------------------------------------------------------------- client request ids
@@ -412,7 +611,8 @@ async def _duplicate(ctx: CaseContext) -> tuple[list[str], str | None]:
 
 @case("utility.request_id.duplicate_live_no_collision", Level.MUST,
       "A second request with the client id of a live one never reaches an engine under the "
-      "same engine-side id (Rust refuses it, Python suffixes every id).", source=IDS,
+      "same engine-side id (both suffix every id; Rust's client also refuses it).",
+      grounds=IDS_DISTINCT,
       needs=RID)
 async def duplicate_no_collision(ctx: CaseContext) -> None:
     ids, _refusal = await _duplicate(ctx)
@@ -422,8 +622,8 @@ async def duplicate_no_collision(ctx: CaseContext) -> None:
 
 @case("utility.request_id.duplicate_live_refused", Level.SHOULD,
       "A request reusing the id of a live request is refused and no second ADD is sent "
-      "(Rust DuplicateRequestId; Python instead renames it with a random suffix).",
-      source=IDS, needs=RID)
+      "(Rust's engine-core client has DuplicateRequestId, but both frontends rename every "
+      "id with a random suffix).", grounds=IDS_REFUSED, needs=RID)
 async def duplicate_refused(ctx: CaseContext) -> None:
     ids, refusal = await _duplicate(ctx)
     ctx.require(refusal is not None and len(ids) == 1,
@@ -435,7 +635,7 @@ async def duplicate_refused(ctx: CaseContext) -> None:
       "After a second request reusing a live request's client id is refused (Rust) or "
       "renamed (Python), the first request's stream still completes with its own tokens "
       "and finish reason, and draws no ABORT (the duplicate's clean-up must not touch it).",
-      source=IDS, needs=RID)
+      grounds=IDS_DISTINCT, needs=RID)
 async def duplicate_first_unchanged(ctx: CaseContext) -> None:
     first_prompt, second_prompt = prompt(0), prompt(1)
     group = await ctx.start([EngineScript(rules=[
@@ -477,7 +677,7 @@ async def duplicate_first_unchanged(ctx: CaseContext) -> None:
 
 @case("utility.request_id.reuse_after_finish", Level.MUST,
       "Once a request finished, its client id can be used again and the new request runs.",
-      source=IDS, needs=RID)
+      grounds=IDS_REUSE, needs=RID)
 async def reuse_after_finish(ctx: CaseContext) -> None:
     group = await ctx.start(1)
     first = await (await ctx.driver.generate(prompt(0), 2, request_id="cw-again")
@@ -501,8 +701,8 @@ async def reuse_after_finish(ctx: CaseContext) -> None:
 # ---------------------------------------------------------------- pass-through fields
 
 
-def _pass_case(key: str, value: Any, read: Callable[[m.EngineCoreRequest], Any]
-               ) -> Callable[[CaseContext], Awaitable[None]]:
+def _pass_case(key: str, value: Any, read: Callable[[m.EngineCoreRequest], Any],
+               grounds: Grounds) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(1)
         handle = await ctx.driver.generate(prompt(0), 2, params={key: value})
@@ -512,7 +712,7 @@ def _pass_case(key: str, value: Any, read: Callable[[m.EngineCoreRequest], Any]
         ctx.require(seen == value, expected=f"{key} = {value!r} on the ADD", observed=seen)
 
     return case(f"utility.pass_through.{key}", Level.MUST,
-                f"The client's {key} reaches the engine unchanged.", source=PASS,
+                f"The client's {key} reaches the engine unchanged.", grounds=grounds,
                 needs=[Capability.PASS_THROUGH])(run)
 
 
@@ -527,7 +727,7 @@ def _extra(key: str) -> Callable[[m.EngineCoreRequest], Any]:
 pass_kv = _pass_case("kv_transfer_params", {"do_remote_prefill": False,
                                             "remote_engine_id": "cw-e1",
                                             "remote_block_ids": [3, 5]},
-                     _extra("kv_transfer_params"))
+                     _extra("kv_transfer_params"), PASS_KV)
 pass_ec = _pass_case("ec_transfer_params", {"producer": "cw-ec", "hashes": ["h1"]},
-                     _extra("ec_transfer_params"))
-pass_salt = _pass_case("cache_salt", "cw-salt-1", lambda r: r.cache_salt)
+                     _extra("ec_transfer_params"), PASS_EC)
+pass_salt = _pass_case("cache_salt", "cw-salt-1", lambda r: r.cache_salt, PASS_SALT)

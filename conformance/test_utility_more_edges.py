@@ -1,4 +1,4 @@
-"""Utility calls (and new requests) after the client failed: the refusal must say WHY.
+"""Utility calls (and new requests) after the client failed: the refusal should say WHY.
 
 Once an engine reported ENGINE_CORE_DEAD or sent an output message that cannot be decoded,
 both vLLM 0.33.0 frontends refuse every later call. The Rust client records the first
@@ -8,7 +8,7 @@ refuses with a bare or generic text loses the one clue to the outage. Dimensions
 (the dead sentinel, an undecodable frame), the engine count (the last of 1 or 2 engines
 fails), and the kind of later call (a utility call and a new request).
 
-A utility call still waiting when an engine's connection drops must fail promptly rather
+A utility call still waiting when an engine's connection drops should fail promptly rather
 than sit out its bound (the reference watches its sockets; vLLM's clients do not notice a
 silent disconnect, rust-client.md §1.9 last sentence, protocol-python.md §10.1).
 """
@@ -23,15 +23,59 @@ from collections.abc import Awaitable, Callable
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
+from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
 
-WHY = ("rust-client.md §1.9 (close_registries: later call / call_utility return "
-       "Error::Shared(first_error)); Rust test engine_core_dead_sentinel_marks_client_"
-       "unhealthy_and_sticks; protocol-python.md §10.1 (EngineDeadError)")
-LOST = ("rust-client.md §1.9 (silent engine exit is not detected by the Rust client); "
-        "protocol-python.md §10.1; the reference's socket monitor (frontend.py)")
+_CC = "vllm/v1/engine/core_client.py"
+_AL = "vllm/v1/engine/async_llm.py"
+_ECC = "rust/src/engine-core-client/src"
+_CLIENT = f"{_ECC}/client.rs"
+_IMP = f"{_ECC}/client/imp.rs"
+_TESTS = f"{_ECC}/tests/client.rs"
+# Rust: the first error closes the registries; every later call returns it (Error::Shared).
+_RS_FIRST_ERROR = (
+    rs(f"{_IMP}:364", "Error::Shared(self.health_error.load_full().expect("),
+    rs(f"{_IMP}:121", "return Err(self.closed_error());"),
+)
+WHY_DEAD = both(
+    py(f"{_CC}:586",
+       "if len(frames) == 1 and (frames[0].buffer == EngineCoreProc.ENGINE_CORE_DEAD):"),
+    py(f"{_CC}:809", "raise EngineDeadError()"),
+    py(f"{_AL}:419", "raise EngineDeadError()"),
+    rs(f"{_ECC}/transport.rs:615", "let _ = tx.send(Err(Error::EngineCoreDead)).await;"),
+    rs(f"{_ECC}/error.rs:39", '#[error("engine core reported fatal failure")]'),
+    *_RS_FIRST_ERROR,
+    rs(f"{_TESTS}:1741", "async fn engine_core_dead_sentinel_marks_client_unhealthy_and_sticks()"),
+    note="both name the death: python refuses later calls with EngineDeadError "
+         "(core_client.py:809, async_llm.py:419), rust with its first error, EngineCoreDead "
+         "(error.rs:39)",
+)
+WHY_DECODE = differ(
+    py(f"{_CC}:1262", "outputs_queue.put_nowait(e)"),
+    py(f"{_AL}:419", "raise EngineDeadError()"),
+    py("vllm/v1/engine/exceptions.py:20",
+       '"EngineCore encountered an issue. See stack trace (above) for the root cause."'),
+    rs(f"{_IMP}:537", "inner.close_registries(Arc::new(error));"),
+    *_RS_FIRST_ERROR,
+    rs(f"{_TESTS}:1800",
+       "async fn output_loop_failure_marks_client_unhealthy_and_records_first_error()"),
+    note="rust records the decode error as its first error and returns it from every later "
+         "call (imp.rs:537, :364); python logs the cause and refuses later requests with "
+         "EngineDeadError's fixed text, which points to the log (exceptions.py:20)",
+)
+CAUSE_GROUNDS: dict[str, Grounds] = {"engine_dead": WHY_DEAD, "undecodable_output": WHY_DECODE}
+LOST = recommendation(
+    py(f"{_CC}:1217", "frames = await output_socket.recv_multipart(copy=False)"),
+    py(f"{_CC}:1334", "return await future"),
+    rs(f"{_CLIENT}:756", "rx.await"),
+    rs(f"{_CLIENT}:757", ".map_err(|_| Error::UtilityCallClosed {"),
+    note="neither 0.33.0 frontend watches its engine sockets: when an engine closes them "
+         "without ENGINE_CORE_DEAD a pending utility call keeps waiting (python awaits a bare "
+         "future, core_client.py:1334; rust its oneshot, client.rs:756). corewire advises "
+         "failing it promptly so the caller is not left hanging",
+)
 
 # cause -> (what happens, how the engine causes it, what the later errors must mention)
 CAUSES: dict[str, tuple[str, Callable[[MockEngine], None], str]] = {
@@ -83,7 +127,7 @@ def _make_cause_case(cause: str, engines: int) -> None:
           "is_sleeping call and a later request are refused with an error that names the "
           f"cause (matching /{pattern}/i), as the Rust client returns its first error from "
           "every later call; not a bare or empty refusal.",
-          source=WHY, needs=[Capability.GENERATE, Capability.IS_SLEEPING,
+          grounds=CAUSE_GROUNDS[cause], needs=[Capability.GENERATE, Capability.IS_SLEEPING,
                              Capability.ENGINE_DEATH], timeout=25)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(engines)
@@ -116,7 +160,7 @@ def _make_lost_case(engines: int) -> None:
           f"holds its reply) fails within 1.5 s once engine {lost} closes its sockets, "
           "rather than waiting out the call's bound; streams still open end with an error "
           "text that says the engine went away.",
-          source=LOST, needs=[Capability.GENERATE, Capability.IS_SLEEPING,
+          grounds=LOST, needs=[Capability.GENERATE, Capability.IS_SLEEPING,
                               Capability.ENGINE_DEATH], timeout=25)
     async def run(ctx: CaseContext) -> None:
         scripts = [EngineScript(rules=[any_request(hold())]) for _ in range(engines)]
@@ -161,9 +205,16 @@ for _n in (1, 2):
 
 # ---------------------------------------------------------------- a failure names its method
 
-FAIL_SRC = ("rust-client.md §1.7 (Error::UtilityCallFailed{method, call_id, message}); "
-            "core_client.py _process_utility_output (the failure message becomes the "
-            "caller's exception, 0.33.0)")
+FAIL_NAMES = differ(
+    py(f"{_CC}:941", "future.set_exception(Exception(failure_message))"),
+    rs(f"{_ECC}/error.rs:84", "failed (call_id={call_id}): {message}"),
+    rs(f"{_ECC}/protocol/utility.rs:245", "return Err(Error::UtilityCallFailed {"),
+    engine("vllm/v1/engine/core.py:1850",
+           'output.failure_message = f"Call to {name} method failed: {str(e)}"'),
+    note="rust's UtilityCallFailed names the method (error.rs:84); python raises the engine's "
+         "failure message as it came (core_client.py:941) and relies on the engine's own "
+         "text naming it ('Call to {name} method failed', core.py:1850)",
+)
 
 # method -> (how the client calls it, what every other engine answers)
 FAILING: dict[str, tuple[Callable[[CaseContext], Awaitable[object]], object]] = {
@@ -186,7 +237,7 @@ def _make_method_named(method: str, engines: int, failing: int) -> None:
           f"When engine {failing} of {engines} fails {method} (with a message that does not "
           f"name it), the caller's error should name the method {method!r} as well as carry "
           "the engine's message (Rust UtilityCallFailed names the method).",
-          source=FAIL_SRC, needs=NEEDS[method])
+          grounds=FAIL_NAMES, needs=NEEDS[method])
     async def run(ctx: CaseContext) -> None:
         text = f"cw-engine-{failing}-refused"
         scripts = [EngineScript(utilities={method: UtilityReply(answer)})

@@ -20,11 +20,53 @@ from typing import Any
 from harness.case_context import CaseContext
 from harness.casekit import same_value
 from harness.frontends.driver import Capability
+from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, UtilityReply
 
-RESULT = ("serial_utils.py UtilityResult (type_info nil); core_client.py:933-952, "
-          ":1434-1447; rust-client.md §1.7 (0.33.0)")
+_CC = "vllm/v1/engine/core_client.py"
+_ECC = "rust/src/engine-core-client/src"
+_CLIENT = f"{_ECC}/client.rs"
+_FIRST = py(f"{_CC}:1816", "return (await self.call_utility_all_async(method, *args))[0]")
+_RS_FLATTEN = rs(f"{_CLIENT}:810", "rmpv::Value::Array(results) => results,")
+# Without insecure serialization the result travels as [nil, value] and is handed over as is.
+RESULT = both(
+    py("vllm/v1/serial_utils.py:368", "if result_type is not None:"),
+    py(f"{_CC}:944", "future.set_result(output.result.result)"),
+    py(f"{_CC}:1442", '"collective_rpc", method, timeout, args, kwargs'),
+    py("tests/v1/engine/test_engine_core_client.py:1102",
+       "async def test_engine_core_client_util_method_nested_structures("),
+    rs(f"{_ECC}/protocol/utility.rs:252",
+       "let result = self.result.map(|e| e.result).unwrap_or(Value::Nil);"),
+    _RS_FLATTEN,
+    rs("rust/src/server/src/routes/collective_rpc.rs:53",
+       "Ok(Json(CollectiveRpcResponse { results }))"),
+    engine("vllm/v1/serial_utils.py:214", "return None, result"),
+)
+RPC_FLATTEN = differ(
+    _FIRST,
+    _RS_FLATTEN,
+    rs(f"{_ECC}/tests/client.rs:2418",
+       "async fn collective_rpc_flattens_results_from_all_engines()"),
+    note="rust flattens every engine's worker list in engine order (client.rs:810); python's "
+         "DPLB client returns engine 0's list only (core_client.py:1816)",
+)
+CHECKSUMS = both(
+    py(f"{_CC}:1446",
+       'per_engine = await self.call_utility_all_async("compute_weight_checksums")'),
+    py(f"{_CC}:1447", "return [worker for workers in per_engine for worker in workers]"),
+    py("tests/v1/engine/test_engine_core_client.py:229",
+       "def test_dplb_weight_checksums_gather_every_engine():"),
+    rs("rust/src/server/src/routes/weight_checker.rs:79",
+       '.collective_rpc("compute_weight_checksums", None, args, kwargs)'),
+    _RS_FLATTEN,
+    engine("vllm/v1/engine/core.py:1085",
+           "def compute_weight_checksums(self) -> list[dict[str, str]]:"),
+    note="rust gathers every engine's workers too, through collective_rpc('compute_weight_"
+         "checksums') flattened (client.rs:810) and merged into one map "
+         "(weight_checker.rs:79); only python sends the compute_weight_checksums utility "
+         "this case observes",
+)
 CALL = [Capability.CALL_UTILITY]
 RPC_ARGS: list[Any] = ["echo", None, [1], {}]  # collective_rpc(method, timeout, args, kwargs)
 
@@ -92,7 +134,7 @@ ONE_ENGINE: tuple[tuple[str, str, list[Any], str], ...] = (
 for _name, _requirement, _workers, _what in ONE_ENGINE:
     def _make_one_engine(name: str = _name, requirement: str = _requirement,
                          workers: list[Any] = _workers, what: str = _what) -> None:
-        @case(f"utility.result.{name}", Level.MUST, requirement, source=RESULT, needs=CALL)
+        @case(f"utility.result.{name}", Level.MUST, requirement, grounds=RESULT, needs=CALL)
         async def unchanged(ctx: CaseContext) -> None:
             _require_same(ctx, await _rpc_result(ctx, [workers]), workers, what)
 
@@ -103,7 +145,7 @@ for _name, _requirement, _workers, _what in ONE_ENGINE:
 @case("utility.result.nested_per_engine_flattened", Level.SHOULD,
       "collective_rpc over 2 engines whose workers answer nested values returns every "
       "worker's value in engine order, each unchanged (Rust flattens the engines' lists; "
-      "Python DPLB returns engine 0's list only).", source=RESULT, needs=CALL)
+      "Python DPLB returns engine 0's list only).", grounds=RPC_FLATTEN, needs=CALL)
 async def nested_per_engine(ctx: CaseContext) -> None:
     answers: list[list[Any]] = [[{"rank": 0, "w": [None]}, [0, {}]],
                                [{"rank": 1, "w": [[]]}, None]]
@@ -115,7 +157,7 @@ async def nested_per_engine(ctx: CaseContext) -> None:
       "compute_weight_checksums over 3 engines (2 workers each, replies arriving in reverse "
       "order) returns all 6 workers' checksum maps, in engine then worker order (a "
       "checksum of engine 0 alone verifies nothing about the others).",
-      source="core_client.py:1445-1447, async_llm.py:1230 (0.33.0)", needs=CALL)
+      grounds=CHECKSUMS, needs=CALL)
 async def weight_checksums(ctx: CaseContext) -> None:
     answers = [[{"model.w": f"e{rank}w{worker}"} for worker in range(2)]
                for rank in range(3)]
