@@ -24,11 +24,13 @@ public API those routes call and lets vLLM's own client code speak the wire prot
   (`generate()` catches CancelledError and calls `abort(internal=True)`).
 * `abort()`: cases pass engine-side ids, so `AsyncLLM.abort(ids, internal=True)`; unknown ids
   are skipped by vLLM's output processor and an empty list is never sent.
-* `is_sleeping()` / `reset_prefix_cache()`: the AsyncLLM methods. Like vLLM's serving layer,
-  which refuses new work once `AsyncLLM.errored` (its watchdog then stops the server), a call
-  on an errored AsyncLLM fails with FrontendError. A call in flight is never raced against
-  that state, and the driver's own bound (UTILITY_TIMEOUT) is longer than any case bound, so
-  a frontend that hangs shows up as the case's TIMEOUT, never as a driver-made error.
+* `is_sleeping()` / `reset_prefix_cache()` / `call_utility()`: the AsyncLLM methods, called
+  as `vllm serve`'s routes call them: directly, errored or not (the serving layer refuses only
+  generation once `AsyncLLM.errored`; `/is_sleeping` and the other utility routes call the
+  engine client as it is, vllm/entrypoints/serve/dev/sleep/api_router.py:58-61). Their failure is
+  vLLM's exception text, nothing added. The driver's own bound (UTILITY_TIMEOUT) is longer
+  than any case bound, so a frontend that hangs shows up as the case's TIMEOUT, never as a
+  driver-made error.
 
 vLLM's own ipc endpoints (the DP coordinator's) are made in the driver's private ipc dir,
 removed at teardown (vllm_py_env.py: VLLM_RPC_BASE_PATH, set for the driver's lifetime).
@@ -392,13 +394,6 @@ class VllmPyDriver(FrontendDriver):
             raise FrontendError("the vllm-py frontend is not running")
         return self._llm
 
-    def _refuse_if_errored(self, llm: Any, what: str) -> None:
-        """vLLM's serving layer refuses new work once AsyncLLM.errored; so do we."""
-        if llm.errored:
-            last = next((line for line in reversed(self._log.lines) if "ERROR" in line), "")
-            raise FrontendError(f"{what}: AsyncLLM is errored (engine dead or output handler "
-                                f"failed){'; vLLM logged: ' + last if last else ''}")
-
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
@@ -519,12 +514,7 @@ class VllmPyDriver(FrontendDriver):
     # ------------------------------------------------------------------ utilities
 
     async def _utility(self, what: str, call: Any) -> Any:
-        llm = self._require()
-        try:
-            self._refuse_if_errored(llm, what)
-        except FrontendError:
-            call.close()  # never awaited
-            raise
+        self._require()
         try:
             return await asyncio.wait_for(call, self.scaled(UTILITY_TIMEOUT))
         except (asyncio.TimeoutError, TimeoutError) as exc:
@@ -532,7 +522,8 @@ class VllmPyDriver(FrontendDriver):
             raise TimeoutError(f"{what}: AsyncLLM gave no answer within "
                                f"{self.scaled(UTILITY_TIMEOUT):.0f}s") from exc
         except Exception as exc:
-            raise FrontendError(f"{what}: {_describe(exc)}") from exc
+            # vLLM's exception as the caller gets it: no method name or text of ours added.
+            raise FrontendError(_describe(exc)) from exc
 
     async def is_sleeping(self) -> bool:
         llm = self._require()

@@ -28,6 +28,18 @@ class Route:
     path: Callable[[Sequence[Any]], str]
     body: Callable[[Sequence[Any]], Any] | None = None
     answer_key: str | None = None  # None: a unit route (its answer carries no value)
+    # How the answer's field becomes the utility's value, where the route reports it in a
+    # form of its own (a ValueError names what it could not read).
+    decode: Callable[[Any], Any] | None = None
+
+
+def _fully_awake(status: Any) -> bool:
+    """POST /wake_up reports the client's AND over engines as `status`: "awake" when every
+    engine is fully awake, else "sleeping" (vLLM 0.33.0 rust/src/server/src/routes/sleep.rs
+    :119, `status: if fully_awake { "awake" } else { "sleeping" }`)."""
+    if status not in ("awake", "sleeping"):
+        raise ValueError(f"status {status!r} is neither 'awake' nor 'sleeping'")
+    return bool(status == "awake")
 
 
 def _arg(args: Sequence[Any], i: int, default: Any = None) -> Any:
@@ -56,8 +68,8 @@ ROUTES: dict[str, Route] = {
     "reset_prefix_cache": Route("POST", _reset, answer_key="success"),
     "sleep": Route("POST", lambda a: _query("/sleep", [("level", _arg(a, 0, 1)),
                                                          ("mode", _arg(a, 1))])),
-    # /wake_up answers {"status": "awake", "tags": ...}: no aggregated value (unit).
-    "wake_up": Route("POST", _tags),
+    # /wake_up answers {"status": "awake" | "sleeping", "tags": ...}: the AND over engines.
+    "wake_up": Route("POST", _tags, answer_key="status", decode=_fully_awake),
     "pause_generation": Route("POST", lambda a: _query("/pause", [("mode", _arg(a, 0)),
                                                                   ("clear_cache", _arg(a, 1))])),
     "resume_scheduler": Route("POST", lambda a: "/resume"),
@@ -97,7 +109,12 @@ def answer_value(route: Route, path: str, answer: Any) -> Any:
         return None
     if not isinstance(answer, dict) or route.answer_key not in answer:
         raise FrontendError(f"{path}: unexpected answer {answer!r:.300}")
-    return answer[route.answer_key]
+    if route.decode is None:
+        return answer[route.answer_key]
+    try:
+        return route.decode(answer[route.answer_key])
+    except ValueError as exc:
+        raise FrontendError(f"{path}: unexpected answer {answer!r:.300}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------- LoRA adapters
