@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench conformance test history compliance coverage mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
+.PHONY: bench conformance test history compliance coverage spec mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -74,11 +74,18 @@ compliance: $(VLLM_STAMP)
 	  --baseline fixtures/baselines/vllm-0.33.json --report-dir reports/compliance
 	$(BIN)/corewire compliance reports/compliance/results.json \
 	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md
+	$(BIN)/python scripts/gen_spec.py
 
 # Regenerate docs/coverage.md: vLLM 0.33.0's own client tests -> the cases covering them
 # (fixtures/coverage/vllm-0.33.0.json + the case specs; no vLLM, no network).
 coverage: $(CORE_STAMP)
 	$(BIN)/python scripts/gen_coverage.py
+
+# Regenerate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0 (RFC 2119 form),
+# from the protocol profile, the cases' levels and grounds, and docs/compliance.md +
+# docs/history.md (regenerate those first when verdicts change). No vLLM, no network.
+spec: $(CORE_STAMP)
+	$(BIN)/python scripts/gen_spec.py
 
 # The full kill matrix: every case x every hand-written mutant (harness/frontends/mutants.py),
 # recorded in fixtures/kill-matrix.json (commit it) and reports/kill-matrix.md. make test

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.case_context import CaseContext
 from harness.frontends.driver import Capability
-from harness.grounds import defect, engine, py, rs
+from harness.grounds import engine, only, py, rs
 from harness.sessionkit import finish_segment, open_first_segment, scripts
 from harness.verdicts import Level, case
 
@@ -18,7 +18,7 @@ NEEDS = [Capability.STREAMING_INPUT, Capability.DROP]
 
 _CC = "vllm/v1/engine/core_client.py"
 
-SESSION_ABORT = defect(
+SESSION_ABORT = only(
     py(f"{_CC}:1753", "self.streaming_reqs.add(request.request_id)"),
     py(f"{_CC}:1889", "if req_id in self.streaming_reqs:"),
     py(f"{_CC}:1892", "self.streaming_reqs.discard(req_id)"),

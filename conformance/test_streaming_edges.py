@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
 from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import both, defect, engine, py, rs
+from harness.grounds import both, engine, only, py, rs
 from harness.sessionkit import (
     finish_segment,
     open_first_segment,
@@ -195,7 +195,7 @@ _NO_RS = ("rust lacks streaming-input sessions in 0.33.0 (every ADD resumable=fa
           "rust/src/llm/src/request.rs:121), python holds it; ")
 _PY_SESSION_PARAMS = py("vllm/v1/engine/async_llm.py:654", "sp = sampling_params")
 _PY_CHUNK_ADD = py("vllm/v1/engine/async_llm.py:657", "request_id=internal_req_id,")
-SESSION_MAX_TOKENS = defect(
+SESSION_MAX_TOKENS = only(
     _PY_SESSION_PARAMS, _PY_CHUNK_ADD,
     py("vllm/v1/engine/async_llm.py:660", "resumable=True,"),
     _RS_NO_SESSIONS,
@@ -203,7 +203,7 @@ SESSION_MAX_TOKENS = defect(
     note=_NO_RS + "a continuation with another max_tokens sets the session's length "
     "engine-side (scheduler.py:1914), so the engine generates a different number of "
     "tokens than the client asked for (corrupted output)")
-SESSION_RANK = defect(
+SESSION_RANK = only(
     py("vllm/v1/engine/async_llm.py:613", "data_parallel_rank=data_parallel_rank,"),
     py("vllm/v1/engine/core_client.py:1758",
        "if (engine := self.reqs_in_flight.get(request.request_id)) is not None:"),
@@ -217,7 +217,7 @@ SESSION_RANK = defect(
     "continuation sent to another engine opens a second resumable request there "
     "(scheduler.py:2946-2947) while the session on its own engine waits for input forever "
     "(engine left in a wrong state)")
-SESSION_MATCHES_FIRST = defect(
+SESSION_MATCHES_FIRST = only(
     _PY_SESSION_PARAMS, _PY_CHUNK_ADD,
     py("vllm/v1/engine/async_llm.py:663", "req.external_req_id = request_id"),
     py("vllm/v1/engine/core_client.py:1611", "request.client_index = self.client_index"),
@@ -234,7 +234,7 @@ SESSION_NEW_WAVE = both(
     engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"),
     note="both stamp every ADD with the coordinator's newest wave (python's continuations "
     "go through the same add_request_async; rust has no continuations in 0.33.0)")
-SESSION_ENGINE_END = defect(
+SESSION_ENGINE_END = only(
     py("vllm/v1/engine/output_processor.py:845",
        "finish_reason not in (FinishReason.ABORT, FinishReason.ERROR)"),
     py("vllm/v1/engine/output_processor.py:878",
@@ -247,7 +247,7 @@ SESSION_ENGINE_END = defect(
     "the client feeding a session the engine has ended: its next chunk re-creates the "
     "request engine-side (scheduler.py:2946-2947; output_processor.py:879-881) and the "
     "client waits on a dead session (hang)")
-SESSION_QUEUED_CHUNKS = defect(
+SESSION_QUEUED_CHUNKS = only(
     py("vllm/v1/engine/output_processor.py:709", "req_state.input_chunk_queue[-1].final = True"),
     py("vllm/v1/engine/output_processor.py:872",
        "update = req_state.input_chunk_queue.popleft()"),
@@ -259,7 +259,7 @@ SESSION_QUEUED_CHUNKS = defect(
     note=_NO_RS + "the engine queues the continuation and the close behind the running "
     "segment (scheduler.py:2938); ending the stream at the first segment's finish loses the "
     "second segment's tokens (lost data)")
-SESSION_NO_LATE_CHUNK = defect(
+SESSION_NO_LATE_CHUNK = only(
     py("vllm/v1/engine/async_llm.py:642", "async for input_chunk in input_stream:"),
     py("vllm/v1/engine/async_llm.py:646",
        "if any_added and not self.output_processor.has_request("),

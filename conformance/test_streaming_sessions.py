@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.case_context import CaseContext
 from harness.frontends.driver import Capability
-from harness.grounds import defect, engine, py, rs
+from harness.grounds import engine, only, py, rs
 from harness.sessionkit import (
     F,
     finish_segment,
@@ -30,7 +30,7 @@ NEEDS = [Capability.STREAMING_INPUT]
 _RS_NO_SESSIONS = rs("rust/src/llm/src/request.rs:121", "resumable: false,")
 _NO_RS = ("rust lacks streaming-input sessions in 0.33.0 (every ADD resumable=false, "
           "rust/src/llm/src/request.rs:121), python holds it; ")
-SAME_ID = defect(
+SAME_ID = only(
     py("vllm/v1/engine/async_llm.py:657", "request_id=internal_req_id,"),
     py("vllm/v1/engine/async_llm.py:660", "resumable=True,"),
     py("vllm/v1/engine/async_llm.py:688",
@@ -46,7 +46,7 @@ SAME_ID = defect(
     "continuation under another id or at another engine opens a second resumable request "
     "(scheduler.py:2946-2947), and without the non-resumable final ADD (scheduler.py:2944) "
     "the session waits for input forever (engine left in a wrong state)")
-SEGMENT_BOUNDARY = defect(
+SEGMENT_BOUNDARY = only(
     py("vllm/v1/engine/output_processor.py:844",
        "streaming_chunk_boundary = req_state.streaming_input and ("),
     py("vllm/v1/engine/output_processor.py:859", "request_output.finished = False"),
@@ -57,7 +57,7 @@ SEGMENT_BOUNDARY = defect(
     note=_NO_RS + "the engine keeps a resumable request after its segment stops "
     "(scheduler.py:2718-2720); a frontend that ends the stream there, or ABORTs it, loses "
     "the continuation's tokens (lost data)")
-CLOSE_WHILE_RUNNING = defect(
+CLOSE_WHILE_RUNNING = only(
     py("vllm/v1/engine/async_llm.py:688",
        "await self._add_request(final_req, None, None, 0, queue)"),
     py("vllm/v1/engine/output_processor.py:711", "req_state.streaming_input = False"),

@@ -9,7 +9,9 @@ tests/test_grounds.py) is applied from the basis alone:
 
 - MUST: `both` (each 0.33.0 frontend holds the behaviour; citations in both), or `defect`
   (one holds it and the other's deviation is a defect: a hang, a crash, lost or corrupted
-  data, an engine left in a wrong state; the note says which and why).
+  data, an engine left in a wrong state; the note says which and why), or `only` (only one
+  frontend has the feature at all, e.g. streaming-input sessions, which vllm-rs 0.33.0
+  lacks; it holds the rule and an engine citation shows the engine relies on it).
 - SHOULD: `differ` (the implementations deliberately differ; the note names both
   behaviours), or `recommendation` (neither holds it; corewire's advice). Never MUST.
 - INFO: any basis.
@@ -42,6 +44,7 @@ class Basis(str, enum.Enum):
 
     BOTH = "both"
     DEFECT = "defect"
+    ONLY = "only"
     DIFFER = "differ"
     RECOMMENDATION = "recommendation"
 
@@ -49,6 +52,7 @@ class Basis(str, enum.Enum):
 ALLOWED_LEVELS: dict[Basis, frozenset[str]] = {
     Basis.BOTH: frozenset({"MUST", "SHOULD", "INFO"}),
     Basis.DEFECT: frozenset({"MUST", "SHOULD", "INFO"}),
+    Basis.ONLY: frozenset({"MUST", "SHOULD", "INFO"}),
     Basis.DIFFER: frozenset({"SHOULD", "INFO"}),
     Basis.RECOMMENDATION: frozenset({"SHOULD", "INFO"}),
 }
@@ -113,6 +117,10 @@ class Grounds:
             raise GroundsError(f"basis {self.basis.value} needs a Python and a Rust citation")
         if self.basis is not Basis.BOTH and not self.note.strip():
             raise GroundsError(f"basis {self.basis.value} needs a note saying why")
+        if self.basis is Basis.ONLY and (Impl.ENGINE not in impls
+                                         or not {Impl.PYTHON, Impl.RUST} & impls):
+            raise GroundsError("basis only needs a frontend citation and an engine citation "
+                               "(the engine relies on the rule)")
 
     def of(self, impl: Impl) -> tuple[Cite, ...]:
         return tuple(c for c in self.cites if c.impl is impl)
@@ -137,6 +145,12 @@ def defect(*cites: Cite, note: str) -> Grounds:
     """One frontend holds the rule; the other's deviation is a defect (say which, and the
     damage: a hang, a crash, lost or corrupted data, an engine left in a wrong state)."""
     return Grounds(Basis.DEFECT, cites, note)
+
+
+def only(*cites: Cite, note: str) -> Grounds:
+    """Only one frontend has the feature (the other has no such surface); it holds the rule
+    and the engine relies on it (cite the engine line)."""
+    return Grounds(Basis.ONLY, cites, note)
 
 
 def differ(*cites: Cite, note: str) -> Grounds:
