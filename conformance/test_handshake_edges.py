@@ -15,6 +15,7 @@ import re
 import time
 
 from harness.case_context import CaseContext
+from harness.casekit import names_engine
 from harness.frontends.driver import StartupError, StartupHang
 from harness.grounds import both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
@@ -76,12 +77,6 @@ TIMEOUT_STAGE = recommendation(
 )
 
 
-def _names_engine(text: str, rank: int) -> bool:
-    """The error names the engine by rank (or its identity bytes in hex)."""
-    ident = rank.to_bytes(2, "little").hex()
-    return bool(re.search(rf"(engine|rank|dp|index)\D{{0,20}}\b{rank}\b", text, re.I)) \
-        or ident in text
-
 
 async def _refused(ctx: CaseContext, scripts: list[EngineScript], timeout: float,
                    within: float | None = None) -> str:
@@ -127,7 +122,7 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
         async def duplicate_hello(ctx: CaseContext) -> None:
             text = await _refused(ctx, _misstep_scripts(n, bad, EngineScript(hello_repeats=2)),
                                   6, within=3)
-            ctx.require(_names_engine(text, bad), expected=f"an error naming engine {bad}",
+            ctx.require(names_engine(text, bad), expected=f"an error naming engine {bad}",
                         observed=text)
 
         @case(f"handshake.edges.ready_before_hello_refused_{n}_engines", Level.MUST,
@@ -138,7 +133,7 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
         async def ready_first(ctx: CaseContext) -> None:
             text = await _refused(ctx, _misstep_scripts(
                 n, bad, EngineScript(ready_before_hello=True)), 6, within=3)
-            ctx.require(_names_engine(text, bad), expected=f"an error naming engine {bad}",
+            ctx.require(names_engine(text, bad), expected=f"an error naming engine {bad}",
                         observed=text)
 
         globals()[f"duplicate_hello_{n}"] = duplicate_hello
@@ -165,7 +160,7 @@ async def undecodable_hello(ctx: CaseContext) -> None:
 async def undecodable_hello_named(ctx: CaseContext) -> None:
     text = await _refused(ctx, _misstep_scripts(2, 1, EngineScript(hello_payload=b"\xc1")),
                           6, within=3)
-    ctx.require(_names_engine(text, 1), expected="an error naming engine 1", observed=text)
+    ctx.require(names_engine(text, 1), expected="an error naming engine 1", observed=text)
 
 
 @case("handshake.edges.unexpected_identity_named", Level.SHOULD,
@@ -174,7 +169,7 @@ async def undecodable_hello_named(ctx: CaseContext) -> None:
       grounds=UNEXPECTED_IDENTITY_NAMED, timeout=25)
 async def unexpected_identity_named(ctx: CaseContext) -> None:
     text = await _refused(ctx, [EngineScript(), EngineScript(register_as=5)], 4)
-    ctx.require(_names_engine(text, 5), expected="an error naming identity/rank 5",
+    ctx.require(names_engine(text, 5), expected="an error naming identity/rank 5",
                 observed=text)
 
 
@@ -199,8 +194,8 @@ for _stage, (_script, _pattern) in STAGES.items():
               grounds=TIMEOUT_STAGE, timeout=25)
         async def timeout_stage(ctx: CaseContext) -> None:
             text = await _refused(ctx, [EngineScript(), script, EngineScript()], 1.5)
-            others = [r for r in (0, 2) if _names_engine(text, r)]
-            ctx.require(_names_engine(text, 1) and not others and
+            others = [r for r in (0, 2) if names_engine(text, r)]
+            ctx.require(names_engine(text, 1) and not others and
                         bool(re.search(pattern, text, re.I)),
                         expected=f"an error naming engine 1 only and the {stage.upper()} "
                                  "stage", observed=text)

@@ -20,7 +20,7 @@ import re
 import msgspec
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt
+from harness.casekit import hold, names_engine, prompt
 from harness.frontends.driver import Capability, FrontendError, StartupError, StartupHang
 from harness.grounds import both, differ, py, recommendation, rs
 from harness.verdicts import Level, case
@@ -40,13 +40,13 @@ BLOCK = recommendation(
          "(python keeps the last registered engine's, core_client.py:882; rust the first "
          "engine's, client.rs:495), so neither refuses, let alone shows the values",
 )
-DUPLICATE_REGISTRATION_NAMED = differ(
+DUPLICATE_REGISTRATION_NAMED = both(
     py(f"{CC}:774", "identities.remove(identity)"),
     rs(f"{TR}:531", "if !pending.remove(&actual_id) {"),
     rs(f"{TR}:533", "received input registration for unexpected engine id {actual_id:?}"),
-    note="python refuses a repeated registration with a bare KeyError of the identity bytes "
-         "(core_client.py:774, e.g. b'\\x01\\x00'); rust names it 'unexpected engine id "
-         "EngineId(0100)' (transport.rs:531-533)",
+    note="both name the identity, each in its own form: python's refusal is a KeyError of "
+         "the identity bytes (core_client.py:774, e.g. b'\\x01\\x00'), rust's 'unexpected "
+         "engine id EngineId(0100)' (transport.rs:531-533)",
 )
 INVALID_READY_NOT_MSGPACK_NAMED = recommendation(
     py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
@@ -67,12 +67,6 @@ INVALID_READY_FIELD_NAMED = differ(
          "mod.rs:71), whose data_parallel_rank names the engine (incidentally)",
 )
 
-
-def _names_engine(text: str, rank: int) -> bool:
-    """The error names the engine by rank (or its identity bytes in hex)."""
-    ident = rank.to_bytes(2, "little").hex()
-    return bool(re.search(rf"(engine|rank|dp|index)\D{{0,20}}\b{rank}\b", text, re.I)) \
-        or ident in text
 
 
 async def _startup_error(ctx: CaseContext, scripts: list[EngineScript]) -> str:
@@ -133,7 +127,7 @@ for _n, _dup in ((2, 0), (3, 1), (3, 2)):
             scripts = [EngineScript(ready_delay=ctx.t(1.0)) for _ in range(n)]
             scripts[dup] = EngineScript(ready_repeats=2)
             text = await _startup_error(ctx, scripts)
-            ctx.require(_names_engine(text, dup), expected=f"a refusal naming engine {dup}",
+            ctx.require(names_engine(text, dup), expected=f"a refusal naming engine {dup}",
                         observed=text)
 
         run.__name__ = run.__qualname__ = f"duplicate_registration_{dup}_of_{n}"
@@ -174,8 +168,8 @@ for _kind in BAD_READY:
                 scripts = [EngineScript() for _ in range(n)]
                 scripts[bad] = EngineScript(ready_payload=payload(bad, n))
                 text = await _startup_error(ctx, scripts)
-                others = [r for r in range(n) if r != bad and _names_engine(text, r)]
-                ctx.require(_names_engine(text, bad) and not others,
+                others = [r for r in range(n) if r != bad and names_engine(text, r)]
+                ctx.require(names_engine(text, bad) and not others,
                             expected=f"a refusal naming engine {bad} only", observed=text)
 
             run.__name__ = run.__qualname__ = f"invalid_ready_{kind}_{bad}_of_{n}"

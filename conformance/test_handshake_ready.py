@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import time
 
+from conformance.test_handshake import GPU_BLOCKS_SUM, MAX_LEN_MIN
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, StartupError
@@ -28,16 +29,6 @@ CORE = "vllm/v1/engine/core.py"
 TESTS = "rust/src/engine-core-client/src/tests/client.rs"
 
 # Min / sum / agreed value over every engine's ready response, whatever the arrival order.
-MAX_LEN_MIN = both(
-    py(f"{CC}:869", "vllm_config.model_config.max_model_len = min("),
-    rs(f"{CL}:547", ".map(|engine| engine.ready_response.max_model_len as u32)"),
-    engine(f"{CORE}:1887", "max_model_len=self.vllm_config.model_config.max_model_len,"),
-)
-GPU_BLOCKS_SUM = both(
-    py(f"{CC}:876", "num_gpu_blocks += response.num_gpu_blocks"),
-    rs(f"{CL}:528", ".map(|engine| engine.ready_response.num_gpu_blocks).sum()"),
-    engine(f"{CORE}:1888", "num_gpu_blocks=self.vllm_config.cache_config.num_gpu_blocks"),
-)
 BLOCK_SIZE = both(
     py(f"{CC}:882", "cache_config.block_size = response.block_size"),
     rs("rust/src/server/src/grpc/control.rs:214",

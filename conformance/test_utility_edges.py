@@ -14,12 +14,12 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from conformance.test_utility import CALL, LORA
 from harness.case_context import CaseContext
 from harness.casekit import same_value
 from harness.frontends.driver import Capability, FrontendError
 from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
-from harness.vllm_dist import tiny_lora_dir
 from mock_engines.script import EngineScript, UtilityReply, default_ready
 
 _CC = "vllm/v1/engine/core_client.py"
@@ -134,8 +134,6 @@ UNLISTED = differ(
          "caller to fold (client.rs:713), and vllm-rs serves no route for a method it does "
          "not know",
 )
-CALL = [Capability.CALL_UTILITY]
-LORA = ["cw-lora", 1, str(tiny_lora_dir())]
 
 
 def _engines(n: int, method: str, reply: UtilityReply, lora: bool = False

@@ -7,6 +7,7 @@ transcript by prompt.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,3 +95,12 @@ def same_value(seen: Any, expected: Any) -> bool:
         return (isinstance(seen, dict) and seen.keys() == expected.keys()
                 and all(same_value(seen[k], v) for k, v in expected.items()))
     return type(seen) is type(expected) and bool(seen == expected)
+
+
+def names_engine(text: str, rank: int) -> bool:
+    """An error text names the engine: by rank ("engine 1", "rank 1"), or by its identity
+    bytes as either frontend prints them (Rust `EngineId(0100)`, Python's bytes repr
+    `b'\\x01\\x00'`, e.g. a KeyError of the identity, core_client.py:774)."""
+    identity = rank.to_bytes(2, "little")
+    return bool(re.search(rf"(engine|rank|dp|index)\D{{0,20}}\b{rank}\b", text, re.I)) \
+        or identity.hex() in text or repr(identity)[2:-1] in text
