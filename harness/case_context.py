@@ -21,6 +21,7 @@ from harness import zmq_guard
 from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.leaks import observe_temp_sockets
+from harness.report.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
 from harness.report.excerpt import transcript_excerpt
 from harness.timing import Timescale, poll_until, use_in_case
 from harness.transport.endpoints import PrivateIpcDir
@@ -197,7 +198,7 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
                         evidence=ctx.evidence)
     if verdict is not Verdict.PASS and ctx.group is not None:
         _attach_transcript(result, ctx.group, transcript_dir)
-    return result
+    return bound_result(result)
 
 
 def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
@@ -235,7 +236,7 @@ def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | 
     verdict, never allowed to lose it."""
     try:
         records = group.transcript.snapshot()
-        full = group.transcript.to_json(records)
+        full = [clip_value(r, TRANSCRIPT_TEXT_LIMIT) for r in group.transcript.to_json(records)]
         result.evidence.transcript = transcript_excerpt(full)
         if directory:
             os.makedirs(directory, exist_ok=True)

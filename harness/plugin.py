@@ -27,6 +27,7 @@ import pytest
 from harness import interrupts, selection, shard
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
+from harness.report.bounds import bound_result
 from harness.report.evidence import evidence_text
 from harness.report.schema import RunMeta, encode_result
 from harness.session import SESSION, CorewireSession, session_of
@@ -185,7 +186,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
                             f"harness fault: {type(exc).__name__}: {exc}", 0.0)
-    outcome = apply_baseline(result, session.baseline)
+    outcome = apply_baseline(bound_result(result), session.baseline)
     # The one encode between the case and the reports (decoded in CorewireSession).
     pyfuncitem.corewire_result = encode_result(result)  # type: ignore[attr-defined]
     print(evidence_text(result, report_dir))  # captured: JUnit system-out

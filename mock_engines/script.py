@@ -107,11 +107,20 @@ def endless(interval: float, first_token: int = 100, count: int = 100_000) -> St
     return make
 
 
-def default_steps(request: m.EngineCoreRequest) -> list[Step]:
-    """What an unscripted request gets: `max_tokens` tokens 100, 101, ... then LENGTH."""
+DEFAULT_MAX_MODEL_LEN = 1024  # default_ready's max_model_len
+
+
+def default_steps(request: m.EngineCoreRequest,
+                  max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> list[Step]:
+    """What an unscripted request gets: `max_tokens` tokens 100, 101, ... then LENGTH, at
+    most up to the engine's max_model_len, as vLLM's scheduler caps a request whose prompt
+    and output reach it (FINISHED_LENGTH_CAPPED, vllm/v1/core/sched/utils.py:115 in check_stop).
+    So one ADD can never make the engine build more steps than its model length: a frontend
+    asking for max_tokens=10**9 gets a bounded stream, not an exhausted harness."""
     params = request.sampling_params
     n = params.max_tokens if params is not None and params.max_tokens is not None else 16
-    return stream([100 + i % 800 for i in range(max(n, 1))])
+    room = max_model_len - len(request.prompt_token_ids or ())
+    return stream([100 + i % 800 for i in range(max(min(n, room), 1))])
 
 
 # ----------------------------------------------------------------- request rules
@@ -178,7 +187,8 @@ DEFAULT_UTILITIES: dict[str, UtilityReply] = {
 def default_ready(rank: int, dp_size: int = 1, **overrides: Any) -> m.EngineCoreReadyResponse:
     """A plausible ready response for a tiny CPU model; any field can be overridden."""
     fields: dict[str, Any] = dict(
-        max_model_len=1024, num_gpu_blocks=1000, block_size=16, dp_stats_address=None,
+        max_model_len=DEFAULT_MAX_MODEL_LEN, num_gpu_blocks=1000, block_size=16,
+        dp_stats_address=None,
         dtype="bfloat16", vllm_version="0.33.0", world_size=1, data_parallel_size=dp_size,
         tensor_parallel_size=1, pipeline_parallel_size=1, decode_context_parallel_size=1,
         data_parallel_rank=rank, max_num_seqs=256, max_num_batched_tokens=2048,
@@ -251,6 +261,9 @@ class EngineScript:
         for rule in self.rules:
             if rule.match(request, index):
                 return rule.steps_for(request)
+        if self.default is default_steps:  # capped at this engine's advertised length
+            return default_steps(request, self.ready.max_model_len if self.ready is not None
+                                 else DEFAULT_MAX_MODEL_LEN)
         return list(self.default(request))
 
     def utility_reply(self, method: str) -> UtilityReply:

@@ -79,6 +79,15 @@ FAULTS = {
         "driver exited (code 3) with no reply to `generate`"),
     "stderr flood, then a crash": Fault("flood_stderr:40,crash_on:generate", BROKEN,
                                         "driver exited (code 3)", log="bytes elided"),
+    # JSON that parses but breaks the protocol's shapes: an ERROR quoting the line, also
+    # right after a stream's `finished` (where the reader used to die unseen and grade PASS).
+    **{f"{kind} after {event}": Fault(f"bad_after_{event}:{kind}", BROKEN, cause)
+       for event in ("output", "finished")
+       for kind, cause in (("huge_int", "not JSON: b'{\"id\": 777"),
+                           ("deep", "not JSON: b'{\"id\": 1, \"ok\": true, \"value\": [[["),
+                           ("list_id", "a reply id must be an integer"),
+                           ("null_tokens", "`tokens` must be a list of integers"),
+                           ("nan_tokens", "not JSON"))},
 }
 
 

@@ -107,6 +107,20 @@ def test_default_script_streams_max_tokens_then_length() -> None:
     assert core.phase_of("r") is Phase.FINISHED and core.next_deadline() is None
 
 
+@pytest.mark.parametrize("max_model_len", [None, 40])
+def test_unscripted_max_tokens_is_capped_at_the_model_length(max_model_len: int | None) -> None:
+    """One ADD asking for 10**9 tokens cannot exhaust the harness: the engine builds at most
+    max_model_len - len(prompt) steps and finishes LENGTH, as vLLM's scheduler caps it."""
+    ready = None if max_model_len is None else default_ready(0, max_model_len=max_model_len)
+    limit = max_model_len or 1024
+    script = EngineScript(ready=ready)
+    steps = script.steps_for(request("r", max_tokens=10**9), 0)
+    prompt = len(request("r").prompt_token_ids or ())
+    assert len(steps) == limit - prompt
+    assert isinstance(steps[-1], Finish) and steps[-1].reason is m.FinishReason.LENGTH
+    assert len(script.steps_for(request("s", max_tokens=5), 1)) == 5
+
+
 def test_rules_by_prompt_index_and_id_first_match_wins() -> None:
     script = EngineScript(rules=[
         by_id("special", [Finish(m.FinishReason.STOP, [9], stop_reason=9)]),

@@ -160,7 +160,14 @@ class SubprocessDriver(FrontendDriver):
                     raise DriverProgramFault(f"{what} {self._pending_text()}".rstrip())
                 if not line.strip():
                     continue
-                self._dispatch(decode_line(line))
+                try:
+                    self._dispatch(decode_line(line))
+                except DriverFault:
+                    raise
+                except Exception as exc:  # never a silent reader death: the line, quoted
+                    raise DriverProtocolError(
+                        f"could not use {line[:200]!r}: {type(exc).__name__}: "
+                        f"{str(exc)[:200]}") from None
         except DriverProtocolError as exc:
             self._set_fault(DriverProgramFault(f"driver broke the protocol: {exc}"))
         except DriverFault as exc:

@@ -8,7 +8,11 @@ of one run) holds one or more faults separated by commas:
 - stdout broken on CMD instead of its reply: `garbage_on:CMD`, `stray_text_on:CMD`,
   `huge_line_on:CMD` (a 2 MiB line), `wrong_id_on:CMD` (the reply names another id),
   `truncated_json_on:CMD` (a reply cut off mid-object); `stray_mid_stream` (a non-JSON line
-  right after a stream's first output event);
+  right after a stream's first output event); `bad_after_output:KIND` and
+  `bad_after_finished:KIND`, JSON that parses but breaks the protocol's shapes, written once
+  right after a stream's first output event or its `finished` event, KIND one of
+  `huge_int` (a 5000-digit integer), `deep` (100k nested arrays), `list_id` (`"id": [3]`),
+  `null_tokens` (what a Go driver writes for an empty slice), `nan_tokens` (`[NaN]`);
 - processes left behind: `grandchild:TAG` (a child in the program's process group, holding
   its stdout), `setsid_grandchild:TAG` (a daemon that double-forked into its own session),
   `respawning_grandchild:TAG` (a child that, on SIGTERM, starts a new daemon before exiting);
@@ -83,6 +87,7 @@ class Faults:
     def __init__(self, spec: str = "") -> None:
         self.items = [f for f in spec.split(",") if f]
         self._strayed = False  # stray_mid_stream: the stray line is written once
+        self._bad_written: set[str] = set()  # bad_after_*: each written once
 
     @classmethod
     def from_environment(cls, argument: str = "") -> Faults:
@@ -136,12 +141,19 @@ class Faults:
         return cmd in self.targets("bug_on")
 
     def after_emit(self, message: dict[str, Any], out: BinaryIO) -> None:
-        """`stray_mid_stream`: a library's line right after a stream's first output."""
+        """`stray_mid_stream`: a library's line right after a stream's first output;
+        `bad_after_output` / `bad_after_finished`: a badly shaped line after the event."""
         if ("stray_mid_stream" in self.items and message.get("event") == "output"
                 and not self._strayed):
             self._strayed = True
             log("injected stray stdout line mid-stream")
             out.write(b"INFO loaded 3 adapters\n")
+        event = message.get("event")
+        for kind in self.targets(f"bad_after_{event}"):
+            if kind not in self._bad_written:
+                self._bad_written.add(kind)
+                log(f"injected badly shaped line after {event}: {kind}")
+                out.write(bad_line(kind, str(message.get("stream"))))
 
     def capabilities(self, declared: Iterable[Capability]) -> list[str]:
         """What the program declares at init: its driver's capabilities, or a first
@@ -163,6 +175,20 @@ class Faults:
         for size in self.targets("flood_stderr"):
             flood_stderr(float(size))
         return None
+
+
+def bad_line(kind: str, stream: str) -> bytes:
+    """One line of JSON that parses (with Python's lenient decoder) but has a wrong shape."""
+    lines = {
+        "huge_int": b'{"id": ' + b"7" * 5000 + b', "ok": true}',
+        "deep": b'{"id": 1, "ok": true, "value": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "list_id": b'{"id": [3], "ok": true}',
+        "null_tokens": encode_line({"event": "output", "stream": stream,
+                                    "tokens": None}).rstrip(),
+        "nan_tokens": b'{"event": "output", "stream": "' + stream.encode()
+                      + b'", "tokens": [NaN]}',
+    }
+    return lines[kind] + b"\n"
 
 
 def raise_a_bug(_message: dict[str, Any]) -> None:

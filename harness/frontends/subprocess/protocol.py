@@ -35,11 +35,43 @@ def decode_line(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_LINE:
         raise DriverProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE}")
     try:
-        message = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DriverProtocolError(f"not JSON: {line[:200]!r} ({exc})") from None
+        message = json.loads(line, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, an integer over the digit limit, NaN / Infinity;
+        # RecursionError: nesting deeper than the decoder's stack.
+        raise DriverProtocolError(f"not JSON: {line[:200]!r} "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(message, dict):
         raise DriverProtocolError(f"not a JSON object: {line[:200]!r}")
-    if "id" not in message and message.get("event") not in EVENTS:
+    if "id" in message:
+        if type(message["id"]) is not int:
+            raise DriverProtocolError(f"a reply id must be an integer: {line[:200]!r}")
+    elif message.get("event") not in EVENTS:
         raise DriverProtocolError(f"neither a reply (id) nor a known event: {line[:200]!r}")
+    else:
+        problem = _event_problem(message)
+        if problem:
+            raise DriverProtocolError(f"{problem}: {line[:200]!r}")
     return message
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (RFC 8259); Python's decoder would take them."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _event_problem(message: dict[str, Any]) -> str | None:
+    """What is wrong with the shape of a stream event (docs/driver-protocol.schema.json)."""
+    if not isinstance(message.get("stream"), (str, int)) or isinstance(message["stream"], bool):
+        return "an event's `stream` must be a string or an integer"
+    if message["event"] == "output":
+        tokens = message.get("tokens", [])
+        if not isinstance(tokens, list) or any(type(t) is not int for t in tokens):
+            return "an output event's `tokens` must be a list of integers"
+        if not isinstance(message.get("text", ""), str):
+            return "an output event's `text` must be a string"
+        return None
+    for key in ("finish_reason", "error"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            return f"a finished event's `{key}` must be a string or null"
+    return None
