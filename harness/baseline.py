@@ -47,8 +47,9 @@ class Baseline:
                 Verdict(e.verdict)
                 if e.expires:
                     dt.date.fromisoformat(e.expires)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise BaselineError(f"baseline {path}: {exc}") from None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise BaselineError(f"baseline {path}: {type(exc).__name__}: "
+                                f"{str(exc)[:300]}") from None
         return cls({(e.case, e.frontend): e for e in entries})
 
     @classmethod

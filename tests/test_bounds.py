@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from harness.report.bounds import (
     EXCERPT_TEXT_LIMIT,
     LIST_LIMIT,
@@ -58,3 +62,38 @@ def test_a_hostile_row_stays_under_the_row_limit() -> None:
     assert len(encoded) <= ROW_LIMIT
     record = result.evidence.transcript[0]
     assert len(record["hex"]) <= EXCERPT_TEXT_LIMIT + 200
+
+
+def test_reports_are_written_atomically(tmp_path: Path) -> None:
+    """A write that fails midway (a full disk) leaves the previous file, not half a file."""
+    from harness.report import writer
+
+    target = tmp_path / "results.json"
+    target.write_text("previous")
+
+    original = open
+
+    def failing_open(path: str, mode: str = "r", *args: object, **kw: object) -> object:
+        if "w" in mode:
+            raise OSError(28, "No space left on device")
+        return original(path, mode, *args, **kw)  # type: ignore[call-overload]
+
+    writer.open = failing_open  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(OSError, match="No space"):
+            writer.write_atomically(str(target), "new")
+    finally:
+        del writer.open  # type: ignore[attr-defined]
+    assert target.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    writer.write_atomically(str(target), "new")
+    assert target.read_text() == "new"
+
+
+def test_a_baseline_nested_too_deep_is_a_baseline_error(tmp_path: Path) -> None:
+    from harness.baseline import Baseline, BaselineError
+
+    path = tmp_path / "baseline.json"
+    path.write_text('{"entries": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(BaselineError, match="RecursionError"):
+        Baseline.load(str(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -57,12 +58,25 @@ def write_document(doc: ResultsDocument, report_dir: str) -> dict[str, str]:
     """Write a results document as results.json and report.html; returns their paths."""
     os.makedirs(report_dir, exist_ok=True)
     json_path = os.path.join(report_dir, "results.json")
-    with open(json_path, "w") as fh:
-        fh.write(document_json(doc))
+    write_atomically(json_path, document_json(doc))
     html_path = os.path.join(report_dir, "report.html")
-    with open(html_path, "w") as fh:
-        fh.write(render_html(doc))
+    write_atomically(html_path, render_html(doc))
     return {"json": json_path, "html": html_path}
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write beside `path` and rename over it: a reader (or a disk that fills up mid-write)
+    never leaves a half-written report, only the old file or the new one. The temporary
+    file is removed when the write fails."""
+    partial = f"{path}.partial-{os.getpid()}"
+    try:
+        with open(partial, "w") as fh:
+            fh.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
 
 
 def load_results(path: str) -> list[CaseResult]:
