@@ -206,6 +206,7 @@ class VllmPyDriver(FrontendDriver):
         self._ipc: PrivateIpcDir | None = None
         self._listeners: list[socket.socket] = []
         self._handshake: handshake.HandshakeStartup | None = None
+        self._blocked_at = ""  # where that startup was when the driver shut it down
         self._streams: dict[int, tuple[StreamHandle, asyncio.Task[None]]] = {}
         self._feeds: dict[int, SessionFeed] = {}  # streaming-input sessions by handle
         self._ids = itertools.count()
@@ -312,6 +313,7 @@ class VllmPyDriver(FrontendDriver):
         self._closed = True
         problems: list[str] = []
         if self._handshake is not None:  # a handshake-mode startup the case left running
+            self._blocked_at = self._handshake.blocked_at()  # evidence, before it is aborted
             problem = await self._handshake.close()
             if problem:
                 problems.append(problem)
@@ -575,4 +577,8 @@ class VllmPyDriver(FrontendDriver):
     def diagnostics(self) -> str:
         lines = [self._state] if self._state else []
         lines.extend(list(self._log.lines)[-DIAGNOSTIC_LINES:])
+        where = self._handshake.blocked_at() if self._handshake is not None else ""
+        where = where or self._blocked_at
+        if where:  # a handshake-mode construction that neither served nor failed
+            lines.append(f"AsyncLLM's constructor was still running, at:\n{where}")
         return "\n".join(lines)

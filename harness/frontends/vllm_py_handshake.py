@@ -58,9 +58,11 @@ import multiprocessing.context
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -312,6 +314,15 @@ class HandshakeStartup:
                     f"(its canceller pipe is left open)")
         self._canceller.close()
         return None
+
+    def blocked_at(self) -> str:
+        """The innermost frames of the constructor thread while it runs (evidence for a
+        startup that neither serves nor fails), '' once it has finished."""
+        ident = self._thread.ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        if frame is None or not self._thread.is_alive():
+            return ""
+        return "".join(traceback.format_stack(frame)[-8:]).rstrip()
 
     def orphan(self) -> Any:
         """The AsyncLLM built (or None), handed over once: also one that finished building
