@@ -289,7 +289,12 @@ async def unsolicited_reply(ctx: CaseContext) -> None:
         987654321, None, m.UtilityResult(None, True)))
     group[0].send_garbage(group.codec.encode_outputs(stray))
     await ctx.quiet(0.2)
-    result = await ctx.driver.is_sleeping()
+    try:
+        result = await asyncio.wait_for(ctx.driver.is_sleeping(), ctx.t(3.0))
+    except asyncio.TimeoutError:  # a hang is this rule's failure, graded by its level
+        ctx.require(False, expected="is_sleeping still answers false",
+                    observed="is_sleeping still pending after 3 s")
+        return
     ctx.require(result is False, expected="is_sleeping still answers false",
                 observed=result)
 

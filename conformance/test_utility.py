@@ -523,7 +523,8 @@ async def concurrent_methods(ctx: CaseContext) -> None:
 async def _still_serves(ctx: CaseContext, what: str) -> None:
     """After a disturbance the client still answers a utility call and runs a stream."""
     try:
-        sleeping = await ctx.driver.call_utility("is_sleeping", [])
+        sleeping = await asyncio.wait_for(ctx.driver.call_utility("is_sleeping", []),
+                                          ctx.t(3.0))
         handle = await ctx.driver.generate(prompt(1), 3)
         await handle.wait(ctx.t(5.0))
     except UnsupportedOperation:
@@ -531,6 +532,10 @@ async def _still_serves(ctx: CaseContext, what: str) -> None:
     except FrontendError as exc:
         ctx.require(False, expected=f"the client still serves after {what}",
                     observed=f"{type(exc).__name__}: {exc}")
+        return
+    except asyncio.TimeoutError:  # a hang is this rule's failure, graded by its level
+        ctx.require(False, expected=f"the client still serves after {what}",
+                    observed="is_sleeping still pending after 3 s")
         return
     ctx.require(sleeping is False and handle.error is None and len(handle.tokens) == 3,
                 expected=f"after {what}: is_sleeping false and a 3-token stream",
