@@ -435,8 +435,6 @@ MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
            "coordinator path are dropped; the client serves on",
            ee.CoordinatorPathMisuseIgnored),
-    Mutant("waves_counted_from_one", "ADDs carry current_wave 1 before any coordinator "
-           "publication", ee.WavesCountedFromOne),
     Mutant("session_refusals_unexplained", "a refused continuation or close does not say "
            "why (no session vs. closing)", ee.SessionRefusalsUnexplained),
 ])
@@ -446,6 +444,13 @@ MUTANTS: dict[str, Mutant] = _by_name([
 JUSTIFIED_IDLE_CASES: dict[str, str] = {
     "handshake.ready.empty_payload": "INFO case: it records what the frontend does with an "
                                      "empty ready payload and has no requirement to break",
+    # INFO since the grounds audit: with one engine no engine reads current_wave
+    # (core.py:518), so 0 is an unread default (the mutant that numbered waves from 1 went
+    # with the requirement).
+    "streaming.sessions_edges.single_engine_add_carries_wave_0":
+        "INFO case: with one engine no engine relies on current_wave",
+    "streaming.sessions_edges.single_engine_session_adds_carry_wave_0":
+        "INFO case: with one engine no engine relies on current_wave",
 }
 
 

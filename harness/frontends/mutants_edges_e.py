@@ -108,14 +108,6 @@ class CoordinatorPathMisuseIgnored(ReferenceFrontendCore):
     coordinator_class = _LenientCoordinator
 
 
-class WavesCountedFromOne(ReferenceFrontendCore):
-    """Numbers DP waves from 1: before any coordinator publication (one engine: never)
-    every ADD carries current_wave 1 instead of the first wave, 0."""
-
-    def __init__(self, ranks: Sequence[int], *, codec: WireCodec) -> None:
-        super().__init__(ranks, codec=codec)
-        self.current_wave = 1
-
 
 # ----------------------------------------------------------------- session refusals
 
