@@ -1,7 +1,7 @@
 """Rebuild fixtures/baselines/vllm-0.33.json from a full run, each reason from the case's
 grounds: `python scripts/ground_baseline.py reports/compliance/results.json`.
 
-Every tolerated non-PASS verdict (INFO excepted) becomes an entry whose reason is the case's
+Every tolerated non-PASS verdict (INFO and UNSUPPORTED excepted) becomes an entry whose reason is the case's
 basis and note followed by the checked citations (path:line `snippet`) of the frontend's
 own implementation, so the reason says which vLLM lines show the divergence and
 tests/test_grounds.py verifies them. Issue links and expiry dates of entries that persist
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     expires = (dt.date.today() + dt.timedelta(days=180)).isoformat()
     entries: dict[tuple[str, str], BaselineEntry] = {}
     for result in sorted(results, key=lambda r: (r.case_id, r.frontend)):
-        if result.verdict.value in ("PASS", "INFO"):
+        if result.verdict.value in ("PASS", "INFO", "UNSUPPORTED"):
             continue
         spec = specs.get(result.case_id)
         before = old.get(result.case_id, result.frontend)
