@@ -1,9 +1,9 @@
 """Rebuild fixtures/baselines/vllm-0.33.json from a full run, each reason from the case's
 grounds: `python scripts/ground_baseline.py reports/compliance/results.json`.
 
-Every tolerated non-PASS verdict (INFO and UNSUPPORTED excepted) becomes an entry whose reason is the case's
-basis and note followed by the checked citations (path:line `snippet`) of the frontend's
-own implementation, so the reason says which vLLM lines show the divergence and
+Every tolerated non-PASS verdict (INFO and UNSUPPORTED excepted) becomes an entry whose
+reason is the case's basis and note followed by the checked citations (path:line
+`snippet`) of the frontend's own implementation, so the reason says which vLLM lines show the divergence and
 tests/test_grounds.py verifies them. Issue links and expiry dates of entries that persist
 are kept; new entries expire in 180 days.
 """
