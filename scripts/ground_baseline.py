@@ -3,9 +3,9 @@ grounds: `python scripts/ground_baseline.py reports/compliance/results.json`.
 
 Every tolerated non-PASS verdict (INFO and UNSUPPORTED excepted) becomes an entry whose
 reason is the case's basis and note followed by the checked citations (path:line
-`snippet`) of the frontend's own implementation, so the reason says which vLLM lines show the divergence and
-tests/test_grounds.py verifies them. Issue links and expiry dates of entries that persist
-are kept; new entries expire in 180 days.
+`snippet`) of the frontend's own implementation, so the reason says which vLLM lines show
+the divergence and tests/test_grounds.py verifies them. Issue links and expiry dates of
+entries that persist are kept; new entries expire in 180 days.
 """
 
 from __future__ import annotations
