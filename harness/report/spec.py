@@ -114,7 +114,24 @@ def render_wire(profile: Mapping[str, Any]) -> list[str]:
              "frontend MUST address every request frame to the identity of the engine it "
              "routes the request to; which identities it accepts at startup is in Part 2 "
              "(`handshake.register.*`, `handshake.engine_index.*`, `handshake.mode.*`).", "",
-             "### 1.2 Request types (frontend -> engine)", "",
+             "### 1.2 The handshake (a frontend that launches its engines)", "",
+             "Each message is one msgpack map on the handshake socket, in this order per "
+             "engine:", "",
+             "| message | direction | keys | source |", "|---|---|---|---|",
+             "| HELLO | engine -> frontend | `status: \"HELLO\"`, `local`, `headless` | "
+             "vllm/v1/engine/core.py:1411 |",
+             "| INIT | frontend -> engine | `addresses` (`inputs`, `outputs`, "
+             "`coordinator_input`, `coordinator_output`, `frontend_stats_publish_address`), "
+             "`parallel_config` | vllm/v1/engine/utils.py:100, :139, :1517 |",
+             "| READY | engine -> frontend | `status: \"READY\"`, `local`, `headless`, "
+             "`parallel_config_hash` (checked for coordinated MoE DP), optional "
+             "`coord_store_port`, `elastic_ep_max_dp_size`, `num_redundant_experts` | "
+             "vllm/v1/engine/core.py:1378, utils.py:1552 |", "",
+             "The engine then connects its input and output sockets to the INIT addresses and "
+             "sends the ready response (1.8) as its first output. A frontend handed its "
+             "engines' addresses instead (`client_addresses`, the Rust client's bootstrapped "
+             "mode) skips HELLO/INIT/READY and waits for the ready responses alone.", "",
+             "### 1.3 Request types (frontend -> engine)", "",
              "The first frame after the identity is one byte:", "",
              "| type | byte | source |", "|---|---|---|"]
     for name, rt in profile["request_types"].items():
@@ -126,7 +143,7 @@ def render_wire(profile: Mapping[str, Any]) -> list[str]:
                           for k, v in profile["reserved_call_ids"].items())
               + " are reserved for engine-initiated notifications.", ""]
     for number, name in enumerate(("EngineCoreRequest", "EngineCoreOutputs", "EngineCoreOutput",
-                                   "UtilityOutput"), start=3):
+                                   "UtilityOutput"), start=4):
         struct = structs[name]
         options = struct.get("options", {})
         shape = "an array (`array_like`)" if options.get("array_like") else "a map"
@@ -139,7 +156,7 @@ def render_wire(profile: Mapping[str, Any]) -> list[str]:
                      if name in rust else ""), ""]
         lines += _field_rows(struct) + [""]
     ready = structs["EngineCoreReadyResponse"]
-    lines += [f"### 1.7 The ready response ({ready['source']})", "",
+    lines += [f"### 1.8 The ready response ({ready['source']})", "",
               "The first message an engine sends each frontend on its output socket. Keys "
               "(a msgpack map):", ""]
     lines += _field_rows(ready) + [""]
@@ -150,7 +167,7 @@ def render_wire(profile: Mapping[str, Any]) -> list[str]:
               "A frontend MUST take `max_model_len` as the minimum over engines, "
               "`num_gpu_blocks` as the sum, and refuse to start on a ready response it cannot "
               "decode (Part 2, `handshake.ready.*`).", "",
-              "### 1.8 Utility results and engine death", "",
+              "### 1.9 Utility results and engine death", "",
               "A utility answer is an EngineCoreOutputs whose `utility_output` is "
               "`[call_id, failure_message | nil, [type_info, value] | nil]`; `type_info` is nil "
               "unless the engine was started with insecure serialization. An engine that dies "
