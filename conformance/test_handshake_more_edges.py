@@ -115,9 +115,9 @@ for _sizes in ((16, 32), (32, 32, 64), (64, 16, 16)):
 
 for _n, _dup in ((2, 0), (3, 1), (3, 2)):
     def _make_duplicate(n: int = _n, dup: int = _dup) -> None:
-        @case(f"handshake.more_edges.duplicate_registration_named_{dup}_of_{n}", Level.SHOULD,
+        @case(f"handshake.more_edges.duplicate_registration_named_{dup}_of_{n}", Level.MUST,
               f"With {n} engines, when engine {dup} sends its ready frame twice (before "
-              "every engine registered), the refusal to start should name engine "
+              "every engine registered), the refusal to start names engine "
               f"{dup}, the identity that registered twice (Rust: 'received input "
               "registration for unexpected engine id').",
               grounds=DUPLICATE_REGISTRATION_NAMED, timeout=20)

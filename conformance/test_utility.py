@@ -12,7 +12,7 @@ from typing import Any
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
-from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
+from harness.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from harness.vllm_dist import tiny_lora_dir
 from harness.wire import messages as m
@@ -181,8 +181,8 @@ WAKE_AND = both(
     rs(f"{_ROUTES}/sleep.rs:119", 'status: if fully_awake { "awake" } else { "sleeping" },'),
     rs(f"{_TESTS}:2335", "async fn wake_up_requires_every_engine_to_be_fully_awake()"),
     engine(f"{_CORE}:1031", "def wake_up(self, tags: list[str] | None = None) -> bool:"),
-    note="both AND; kept SHOULD while the vllm-rs driver reads no value from POST /wake_up "
-         "(it answers status 'sleeping' when not every engine is fully awake, sleep.rs:119)",
+    note="both AND; vllm-rs reports it as POST /wake_up's status ('sleeping' when not every "
+         "engine is fully awake, sleep.rs:119)",
 )
 LORA_AND = differ(
     py(f"{_CC}:1418", 'return await self.call_utility_async("add_lora", lora_request)'),
@@ -458,9 +458,10 @@ def _and_case(method: str, reason: str, grounds: Grounds
         ctx.require(result is False, expected=f"{method} false: engine 1 answered false",
                     observed=result)
 
-    return case(f"utility.{method}.and_across_engines", Level.SHOULD,
-                f"{method}'s answer should be the AND over engines ([true, false] -> false). "
-                f"{reason}", grounds=grounds, needs=CALL)(run)
+    both_hold = grounds.basis is Basis.BOTH  # a MUST by the level rule; else SHOULD
+    return case(f"utility.{method}.and_across_engines", Level.MUST if both_hold else Level.SHOULD,
+                f"{method}'s answer {'is' if both_hold else 'should be'} the AND over engines "
+                f"([true, false] -> false). {reason}", grounds=grounds, needs=CALL)(run)
 
 
 and_wake_up = _and_case("wake_up", "Python all() (core_client.py:1403); the Rust client ANDs "

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt
 from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
-from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
+from harness.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
@@ -122,12 +122,15 @@ async def _later_utility_error(ctx: CaseContext) -> str:
 def _make_cause_case(cause: str, engines: int) -> None:
     what, trigger, pattern = CAUSES[cause]
 
-    @case(f"utility.more_edges.after_{cause}_refusal_says_why_{engines}_engines", Level.SHOULD,
+    grounds = CAUSE_GROUNDS[cause]  # both hold it after engine death: a MUST by the rule
+    level = Level.MUST if grounds.basis is Basis.BOTH else Level.SHOULD
+
+    @case(f"utility.more_edges.after_{cause}_refusal_says_why_{engines}_engines", level,
           f"With {engines} engine(s), after {what} from engine {engines - 1}, a later "
           "is_sleeping call and a later request are refused with an error that names the "
           f"cause (matching /{pattern}/i), as the Rust client returns its first error from "
           "every later call; not a bare or empty refusal.",
-          grounds=CAUSE_GROUNDS[cause], needs=[Capability.GENERATE, Capability.IS_SLEEPING,
+          grounds=grounds, needs=[Capability.GENERATE, Capability.IS_SLEEPING,
                              Capability.ENGINE_DEATH], timeout=25)
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start(engines)

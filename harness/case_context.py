@@ -188,6 +188,10 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
     problems, cancelled_in_close = await _close_to_the_end(ctx)
     if cancelled or cancelled_in_close:
         raise asyncio.CancelledError
+    late = driver.late_fault() if fault is None else None
+    if late is not None and verdict is not Verdict.ERROR:
+        ctx.note(f"outcome before the driver fault (not graded): {verdict.value}: {message}")
+        verdict, message = Verdict.ERROR, f"driver fault: {late}"
     for problem in problems:
         ctx.note(f"teardown: {problem}")
     diagnostics = driver.diagnostics()

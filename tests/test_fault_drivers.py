@@ -105,9 +105,12 @@ def frontend_for(fault: Fault, tag: str) -> str:
 # --frontend): what finishes in a second, what hangs (a shorter time scale), what will not
 # stop. Bound: the wall clock of the whole run, pytest start-up included.
 # The slow ones run one case (a hang costs its bound, a stuck driver its teardown).
+SHAPES = [name for name, f in FAULTS.items() if f.env.startswith("bad_after_")]
 GROUPS = {
     "quick": ([name for name, f in FAULTS.items() if f.timescale == 1.0
-               and name != "ignores shutdown and SIGTERM"], 1.0, TWO_CASES, 60.0),
+               and name != "ignores shutdown and SIGTERM" and name not in SHAPES], 1.0,
+              TWO_CASES, 60.0),
+    "shapes": (SHAPES, 1.0, ONE_CASE, 60.0),
     "hang": (["never ready"], 0.4, ONE_CASE, 25.0),
     "stuck": (["ignores shutdown and SIGTERM"], 1.0, ONE_CASE, 30.0),
 }

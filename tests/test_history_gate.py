@@ -30,7 +30,7 @@ OLD, FIXED = "0.22.1", "0.23.0"
 # Cases that state the rules the two PRs fixed, and the verdict each release earns.
 PR_43429 = {"dp.is_sleeping.disagree": ("FAIL", "PASS"),
             "dp.is_sleeping.disagree_reversed": ("FAIL", "PASS"),
-            "dp.is_sleeping.disagree_names_values": ("NON-STRICT", "PASS")}
+            "dp.is_sleeping.disagree_names_values": ("FAIL", "PASS")}
 PR_44591 = {"abort.burst.shares_frame": ("NON-STRICT", "PASS")}
 # A FAIL is only evidence if the release otherwise works under its profile: plain streaming
 # and the agreeing is_sleeping answer must PASS on both.

@@ -47,7 +47,7 @@ def test_report_shows_matrix_and_failing_transcript(tmp_path: Path) -> None:
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     dom = chromium(tmp_path, "--dump-dom", url).stdout
     assert "id=\"matrix\"" in dom
-    assert dom.count("data-verdict=\"FAIL\"") == 2
+    assert dom.count("data-verdict=\"FAIL\"") == 3
     assert dom.count("data-verdict=\"PASS\"") >= 6
     opened = dom.split(f'id="{detail}"')[0].rsplit("<div", 1)[1]
     assert "open" in opened, "the failing case's detail is expanded"

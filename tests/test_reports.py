@@ -22,6 +22,9 @@ from harness.verdicts import CaseResult, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = "mutant:sleeping_first_engine"  # fails exactly the is_sleeping disagreement cases
+SLEEPY_FAILS = ["dp.is_sleeping.disagree", "dp.is_sleeping.disagree_names_values",
+                "dp.is_sleeping.disagree_reversed"]
+LAST_BLOCK_SIZE = "mutant:block_size_last_wins"  # NON-STRICT on block_size_dp_disagree only
 
 
 def run_suite(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,20 +39,24 @@ def results_of(tmp: Path) -> list[dict[str, object]]:
 
 
 def test_junit_of_a_failing_frontend(tmp_path: Path) -> None:
-    proc = run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY)
+    # One SHOULD case the second mutant misses, so a NON-STRICT is in the report too.
+    proc = run_suite(tmp_path, "-k", "dp.is_sleeping or handshake.ready.block_size_dp_disagree",
+                     "--frontend", SLEEPY, "--frontend", LAST_BLOCK_SIZE)
     assert proc.returncode == 1, proc.stdout[-2000:]
-    verdicts = {r["id"]: r["verdict"] for r in results_of(tmp_path)}
+    verdicts = {(r["id"], r["frontend"]): r["verdict"] for r in results_of(tmp_path)}
     fails = sorted(k for k, v in verdicts.items() if v == "FAIL")
-    assert fails == ["dp.is_sleeping.disagree", "dp.is_sleeping.disagree_reversed"]
+    assert fails == [(c, SLEEPY) for c in SLEEPY_FAILS]
     xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
     cases = [case for suite in xml for case in suite]
     assert len(cases) == len(verdicts)
     failed = {c.name: c.result[0] for c in cases if c.result and isinstance(c.result[0], Failure)}
-    assert sorted(failed) == sorted(f"{k}[{SLEEPY}]" for k in fails)
+    assert sorted(failed) == sorted(f"{k}[{f}]" for k, f in fails)
     for result in failed.values():
         assert result.message.startswith("FAIL: ")
-    skipped = [c for c in cases if c.result and isinstance(c.result[0], Skipped)]
-    assert [c.result[0].message.split(":")[0] for c in skipped] == ["NON-STRICT"]
+    skipped = {c.name: c.result[0].message.split(":")[0] for c in cases
+               if c.result and isinstance(c.result[0], Skipped)}
+    assert skipped == {f"handshake.ready.block_size_dp_disagree[{LAST_BLOCK_SIZE}]":
+                       "NON-STRICT"}
     assert not any(c.result and isinstance(c.result[0], Error) for c in cases)
     failing = next(c for c in cases if c.name == f"dp.is_sleeping.disagree[{SLEEPY}]")
     assert "requirement:" in failing.system_out and "transcript" in failing.system_out
@@ -103,7 +110,7 @@ def _entry(case: str, verdict: str = "FAIL", expires: str = "2099-01-01") -> Bas
 def test_baseline_tolerates_known_failures(tmp_path: Path) -> None:
     base = _baseline(tmp_path / "b.json", _entry("dp.is_sleeping.disagree"),
                      _entry("dp.is_sleeping.disagree_reversed"),
-                     _entry("dp.is_sleeping.disagree_names_values", "NON-STRICT"))
+                     _entry("dp.is_sleeping.disagree_names_values"))
     proc = run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY,
                      "--baseline", str(base))
     assert proc.returncode == 0, proc.stdout[-2000:]

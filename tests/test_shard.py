@@ -18,7 +18,7 @@ from junitparser import JUnitXml
 from harness.shard import ShardSpecError, parse_shard, shard_of
 
 ROOT = Path(__file__).resolve().parent.parent
-SLEEPY = "mutant:sleeping_first_engine"  # fails two dp.is_sleeping cases, one NON-STRICT
+SLEEPY = "mutant:sleeping_first_engine"  # fails the three dp.is_sleeping disagreement cases
 SELECTION = ["-k", "dp.is_sleeping", "--frontend", "reference", "--frontend", SLEEPY]
 FRONTENDS = ["reference", "reference-subprocess", "vllm-rs", "vllm-py", SLEEPY]
 
@@ -123,10 +123,10 @@ def test_merge_equals_the_unsharded_run(runs: dict[str, Any]) -> None:
     assert _rows(out) == _rows(base / "full")
     full_meta = json.loads((base / "full" / "results.json").read_text())["meta"]
     merged_meta = json.loads((out / "results.json").read_text())["meta"]
-    assert merged_meta["failing"] == full_meta["failing"] and len(full_meta["failing"]) == 2
+    assert merged_meta["failing"] == full_meta["failing"] and len(full_meta["failing"]) == 3
     assert merged_meta["partial"] is False
     assert "FAIL        dp.is_sleeping.disagree[" in proc.stdout
-    assert "FAIL=2" in proc.stdout and "NON-STRICT=1" in proc.stdout
+    assert "FAIL=3" in proc.stdout and "NON-STRICT=0" in proc.stdout
     # Transcripts travel into the merged dir and the rows point at them.
     merged_doc = json.loads((out / "results.json").read_text())
     files = [r["evidence"]["transcript_file"] for r in merged_doc["results"]
@@ -149,7 +149,8 @@ def test_merge_regrades_against_a_baseline(runs: dict[str, Any], tmp_path: Path)
 
     entries = [BaselineEntry(case, SLEEPY, "FAIL", "port under development", "https://x/1",
                              "2099-01-01")
-               for case in ("dp.is_sleeping.disagree", "dp.is_sleeping.disagree_reversed")]
+               for case in ("dp.is_sleeping.disagree", "dp.is_sleeping.disagree_reversed",
+                            "dp.is_sleeping.disagree_names_values")]
     path = tmp_path / "baseline.json"
     Baseline({(e.case, e.frontend): e for e in entries}).save(str(path))
     base: Path = runs["base"]

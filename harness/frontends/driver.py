@@ -274,6 +274,12 @@ class FrontendDriver(abc.ABC):
         it makes the case ERROR whatever the case concluded from what it saw."""
         return None
 
+    def late_fault(self) -> str | None:
+        """A fault found during teardown that is still the frontend's behaviour (a line the
+        program wrote before it answered `shutdown`, e.g. a badly shaped one right after a
+        stream's last event): it makes the case ERROR too."""
+        return None
+
     def unanswered(self) -> list[str]:
         """Commands the driver was still waiting on when the case gave up (for TIMEOUT)."""
         return []

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.grounds import Basis, Impl
 from harness.verdicts import CaseSpec
 
+REPO = str(Path(__file__).resolve().parents[2]) + "/"  # requirement texts name fixtures
 RELEASE = re.compile(r"\d+\.\d+\.\d+")
 LEVEL_WORD = {"MUST": "MUST", "SHOULD": "SHOULD", "INFO": "MAY (recorded, not judged)"}
 BASIS_TEXT = {
@@ -219,7 +221,7 @@ def render_behaviour(specs: Mapping[str, CaseSpec], compliance: Mapping[str, Map
             lines += [f"#### `{area}.{topic}`", ""]
             for spec in sorted(by_area[area][topic], key=lambda s: s.case_id):
                 lines.append(f"- **`{spec.case_id}`** ({LEVEL_WORD[spec.level.value]}): "
-                             f"{' '.join(spec.requirement.split())}")
+                             f"{' '.join(spec.requirement.replace(REPO, '').split())}")
                 lines += _grounds_lines(spec)
                 row = compliance.get(spec.case_id, {})
                 held = [f"{f} {SHORT.get(row.get(f, ''), row.get(f, ''))}"

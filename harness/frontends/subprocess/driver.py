@@ -119,6 +119,8 @@ class SubprocessDriver(FrontendDriver):
         self._tasks: list[asyncio.Task[None]] = []  # stdout, stderr and exit watchers
         self._fault: DriverFault | None = None
         self._closing = False  # teardown has begun (faults after it are the exit we asked for)
+        self._late: str | None = None  # a protocol violation read during teardown (late_fault)
+        self._shutdown_answered = False  # lines after the reply to `shutdown` are not graded
         self._abandoned: set[int] = set()  # command ids whose late replies are ignored
         self.leftovers: list[str] = []  # what teardown had to clean up after the program
 
@@ -161,13 +163,23 @@ class SubprocessDriver(FrontendDriver):
                 if not line.strip():
                     continue
                 try:
-                    self._dispatch(decode_line(line))
-                except DriverFault:
-                    raise
-                except Exception as exc:  # never a silent reader death: the line, quoted
-                    raise DriverProtocolError(
-                        f"could not use {line[:200]!r}: {type(exc).__name__}: "
-                        f"{str(exc)[:200]}") from None
+                    try:
+                        self._dispatch(decode_line(line))
+                    except DriverFault:
+                        raise
+                    except Exception as exc:  # never a silent reader death: the line, quoted
+                        raise DriverProtocolError(
+                            f"could not use {line[:200]!r}: {type(exc).__name__}: "
+                            f"{str(exc)[:200]}") from None
+                except DriverProtocolError as exc:
+                    if not self._closing:
+                        raise
+                    if self._shutdown_answered:
+                        continue
+                    # Written before the program answered `shutdown`: still its behaviour
+                    # in the case (graded by run_case after teardown); read on to the reply.
+                    if self._late is None:
+                        self._late = f"driver broke the protocol: {exc}"
         except DriverProtocolError as exc:
             self._set_fault(DriverProgramFault(f"driver broke the protocol: {exc}"))
         except DriverFault as exc:
@@ -213,6 +225,9 @@ class SubprocessDriver(FrontendDriver):
     def fault(self) -> str | None:
         return None if self._fault is None else str(self._fault)
 
+    def late_fault(self) -> str | None:
+        return self._late
+
     def unanswered(self) -> list[str]:
         now = time.monotonic()
         return self._given_up + [f"`{cmd}` (id {cid}, {now - sent:.1f} s)"
@@ -226,6 +241,8 @@ class SubprocessDriver(FrontendDriver):
                 return
             if pending is None:
                 raise DriverProtocolError(f"reply to unknown command id {message['id']!r}")
+            if pending[0] == "shutdown":
+                self._shutdown_answered = True
             if not pending[2].done():
                 pending[2].set_result(message)
             return
