@@ -14,6 +14,8 @@ tests/test_grounds.py) is applied from the basis alone:
   lacks; it holds the rule and an engine citation shows the engine relies on it).
 - SHOULD: `differ` (the implementations deliberately differ; the note names both
   behaviours), or `recommendation` (neither holds it; corewire's advice). Never MUST.
+  Also a `both` rule whose value nothing reads (a default no engine relies on): the case
+  would pass on any frontend that leaves the field alone, so it earns no MUST.
 - INFO: any basis.
 
 Citations are checked mechanically against the sdist (harness.vllm_sources): the snippet must

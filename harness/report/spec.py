@@ -202,7 +202,8 @@ def render_behaviour(specs: Mapping[str, CaseSpec], compliance: Mapping[str, Map
              "hang, a crash, lost or corrupted data, an engine left in a wrong state), or "
              "where only one frontend has the feature and the engine relies on the rule "
              "(`only`); SHOULD where they deliberately differ (`differ`) or neither holds it "
-             "(`recommendation`); INFO records without judging. Every citation is checked "
+             "(`recommendation`), and where both send a value nothing reads (a default no "
+             "engine relies on); INFO records without judging. Every citation is checked "
              "against the sdist by make test (tests/test_grounds.py). \"Held by\" is the last "
              "compliance run (docs/compliance.md) and, for vllm-rs, every release 0.22.0-0.33.0 "
              "(docs/history.md: P pass, N non-strict, F fail, - not observable, I info).", ""]
