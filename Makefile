@@ -83,8 +83,10 @@ coverage: $(CORE_STAMP)
 
 # Regenerate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0 (RFC 2119 form),
 # from the protocol profile, the cases' levels and grounds, and docs/compliance.md +
-# docs/history.md (regenerate those first when verdicts change). No vLLM, no network.
+# docs/history.md (regenerate those first when verdicts change); docs/coverage.md with it,
+# since both show the cases' levels. No vLLM, no network.
 spec: $(CORE_STAMP)
+	$(BIN)/python scripts/gen_coverage.py
 	$(BIN)/python scripts/gen_spec.py
 
 # The full kill matrix: every case x every hand-written mutant (harness/frontends/mutants.py),
