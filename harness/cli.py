@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from harness.timing import DEFAULT, Timescale, TimescaleError
 
@@ -93,6 +94,22 @@ INTERRUPTED = 2  # pytest's code for an interrupted session
 STOP_BOUND_S = 60.0  # after SIGINT/SIGTERM: how long the pytest child may take to stop
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the pytest child, before exec: SIGTERM when `corewire run` dies, however it dies
+    (SIGKILL included), so the run stops, writes its partial reports and reaps its drivers
+    instead of running on unowned (Linux prctl PR_SET_PDEATHSIG; elsewhere a no-op)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _run_child(argv: list[str], timescale: Timescale) -> int:
     """Run pytest; SIGINT / SIGTERM are forwarded to it (once each, the child treats
     repeats as the same interrupt) and we wait for it to write its partial reports and
@@ -102,7 +119,8 @@ def _run_child(argv: list[str], timescale: Timescale) -> int:
     import subprocess
     import time
 
-    child = subprocess.Popen(argv)
+    parent = os.getpid()
+    child = subprocess.Popen(argv, preexec_fn=lambda: _die_with_parent(parent))
     received: list[int] = []
     deadline: float | None = None
 
@@ -272,14 +290,23 @@ def _compliance(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad arguments; 2 is `interrupted` here (docs/cli.md), so a bad
+    argument is the usage error it is: one line on stderr, exit 4."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:
         extra = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
-    parser = argparse.ArgumentParser(prog="corewire", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="corewire", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the conformance suites")
     run.add_argument("--frontend", action="append",

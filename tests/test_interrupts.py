@@ -9,6 +9,7 @@ descendant inherits; "no process left" means no process carries the marker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -166,3 +167,56 @@ def test_a_forked_child_takes_sigterm_by_default() -> None:
         assert interrupts.interrupted_by() is None  # the parent was not interrupted
     finally:
         interrupts.restore()
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def test_corewire_run_killed_takes_its_pytest_with_it(tmp_path: Path) -> None:
+    """`corewire run` killed with SIGKILL (no handler runs) used to leave its pytest running
+    and writing reports later: the child now gets SIGTERM when its parent dies, stops with
+    partial reports (exit 2 path) and is gone within the interrupt bound."""
+    # A selection that runs for minutes: an orphaned pytest would still be at it below.
+    cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "-n", "0", "-k",
+                            "abort or dp or streaming", "--report-dir", str(tmp_path)], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while not children and time.monotonic() < deadline:
+            children = _children_of(cli.pid)
+            time.sleep(0.1)
+        assert children, "corewire run started no pytest"
+        time.sleep(2.0)  # the run is under way
+        cli.kill()
+        cli.wait(10)
+        deadline = time.monotonic() + scaled(20.0)
+        while any(os.path.exists(f"/proc/{c}") and "Z" not in _state(c) for c in children) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(os.path.exists(f"/proc/{c}") and "Z" not in _state(c)
+                       for c in children), "pytest ran on after corewire run was killed"
+        meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+        assert meta["partial"] is True  # it stopped early and wrote its partial reports
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cli.pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

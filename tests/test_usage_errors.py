@@ -164,3 +164,24 @@ def test_unwritable_report_dir_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("run", "--report-dir", str(blocker / "reports"), "-k", "abort.drop.single")
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert proc.stderr.startswith("corewire run: --report-dir") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["run", "--bogus"], ["run", "--timescale", "fast"],
+                                  ["nosuchcommand"], []])
+def test_bad_arguments_are_usage_errors_not_interruptions(args: list[str]) -> None:
+    """argparse's own exit code 2 is `interrupted` in corewire (docs/cli.md): 4 instead."""
+    proc = run_cli(*args)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pytest_k_abort_at_the_root_runs_the_abort_cases(tmp_path: Path) -> None:
+    """The mission's command: plain `pytest -k abort` in a checkout runs conformance cases
+    (the reference frontend by default) and prints their verdicts, not corewire's self-tests."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-k", "abort.drop.single", "--report-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "corewire verdicts" in proc.stdout and "PASS=1 " in proc.stdout, proc.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["id"], r["frontend"]) for r in rows] == [("abort.drop.single", "reference")]
