@@ -275,9 +275,9 @@ class FrontendDriver(abc.ABC):
         return None
 
     def late_fault(self) -> str | None:
-        """A fault found during teardown that is still the frontend's behaviour (a line the
-        program wrote before it answered `shutdown`, e.g. a badly shaped one right after a
-        stream's last event): it makes the case ERROR too."""
+        """A fault found after the case was graded that is still the frontend's behaviour (a
+        line the program wrote before teardown or before it answered `shutdown`, e.g. a badly
+        shaped one right after a stream's last event): it makes the case ERROR too."""
         return None
 
     def unanswered(self) -> list[str]:

@@ -226,7 +226,11 @@ class SubprocessDriver(FrontendDriver):
         return None if self._fault is None else str(self._fault)
 
     def late_fault(self) -> str | None:
-        return self._late
+        # run_case asks only when fault() was None at grading: a fault set since then came
+        # before teardown began (faults after it are suppressed), so it is still the case's.
+        if self._late is not None:
+            return self._late
+        return None if self._fault is None else str(self._fault)
 
     def unanswered(self) -> list[str]:
         now = time.monotonic()
