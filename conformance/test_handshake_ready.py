@@ -99,10 +99,11 @@ for _n in (1, 2, 3, 4):
               f"With {n} engine(s) reporting max_model_len {lens}, the frontend uses "
               f"{min(lens)}.", grounds=MAX_LEN_MIN, needs=[Capability.MAX_MODEL_LEN])
         async def max_len(ctx: CaseContext) -> None:
-            # The engine with the minimum registers last, so a frontend that keeps the
-            # first (or any earlier) value is caught whatever the threads' timing.
-            last = [ctx.t(0.2) if v == min(lens) and n > 1 else 0.0 for v in lens]
-            await ctx.start(_scripts("max_model_len", lens, last))
+            # Registration in rank order (0.1 s apart, scaled), so which value arrives first
+            # and last is fixed, not thread timing: a first-wins or last-wins frontend is
+            # caught wherever the minimum is not first or last.
+            await ctx.start(_scripts("max_model_len", lens,
+                                     [r * ctx.t(0.1) for r in range(n)]))
             cfg = await ctx.driver.observed_config()
             ctx.require(cfg.max_model_len == min(lens),
                         expected=f"max_model_len {min(lens)} (min of {lens})",

@@ -187,18 +187,20 @@ def test_corewire_run_killed_takes_its_pytest_with_it(tmp_path: Path) -> None:
     and writing reports later: the child now gets SIGTERM when its parent dies, stops with
     partial reports (exit 2 path) and is gone within the interrupt bound."""
     # A selection that runs for minutes: an orphaned pytest would still be at it below.
-    cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "-n", "0", "-k",
-                            "abort or dp or streaming", "--report-dir", str(tmp_path)], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "-n", "0", "-k",
+                                "abort or dp or streaming", "--report-dir",
+                                str(tmp_path / "r")], cwd=ROOT, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         children: list[int] = []
-        while not children and time.monotonic() < deadline:
-            children = _children_of(cli.pid)
+        while time.monotonic() < deadline and not (
+                children and ".." in log.read_text()):  # cases are running
+            children = children or _children_of(cli.pid)
             time.sleep(0.1)
-        assert children, "corewire run started no pytest"
-        time.sleep(2.0)  # the run is under way
+        assert children and ".." in log.read_text(), log.read_text()[-2000:]
         cli.kill()
         cli.wait(10)
         deadline = time.monotonic() + scaled(20.0)
@@ -207,7 +209,7 @@ def test_corewire_run_killed_takes_its_pytest_with_it(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert not any(os.path.exists(f"/proc/{c}") and "Z" not in _state(c)
                        for c in children), "pytest ran on after corewire run was killed"
-        meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+        meta = json.loads((tmp_path / "r" / "results.json").read_text())["meta"]
         assert meta["partial"] is True  # it stopped early and wrote its partial reports
     finally:
         with contextlib.suppress(ProcessLookupError):
