@@ -20,6 +20,7 @@ def case_specs(root: Path = ROOT, package: str = "conformance",
                files: list[Path] | None = None) -> dict[str, tuple[CaseSpec, str]]:
     """case id -> (spec, defining file relative to root), components included; only the
     cases of `files` (paths under root) when given."""
+    root = root.resolve()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     found: dict[str, tuple[CaseSpec, str]] = {}

@@ -15,7 +15,6 @@ Needs no vLLM and no network.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -144,15 +143,9 @@ def collect_case_levels(root: Path = ROOT) -> dict[str, str]:
     """Every conformance case id -> its level, read from the decorated functions."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    levels: dict[str, str] = {}
-    for module_path in sorted((root / "conformance").rglob("test_*.py")):
-        dotted = ".".join(module_path.relative_to(root).with_suffix("").parts)
-        module = importlib.import_module(dotted)
-        for obj in vars(module).values():
-            spec = getattr(obj, "__corewire_case__", None)
-            if spec is not None:
-                levels[spec.case_id] = spec.level.value
-    return levels
+    from harness.case_index import case_specs
+
+    return {case_id: spec.level.value for case_id, (spec, _) in case_specs(root).items()}
 
 
 def _cell(text: str) -> str:

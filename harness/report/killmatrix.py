@@ -12,7 +12,6 @@ cases (`record_problems`).
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -20,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.case_index import wire_specs
 from harness.report.writer import load_results
-from harness.verdicts import CaseResult, CaseSpec, Verdict
+from harness.verdicts import CaseResult, Verdict
 
 PREFIX = "mutant:"
 HARMLESS = (Verdict.PASS, Verdict.INFO, Verdict.UNSUPPORTED)
@@ -180,14 +180,8 @@ class KillMatrix:
 def discover_cases(root: Path, package: str = "conformance") -> dict[str, str]:
     """Every frontend case (components excluded) -> the file that defines it, relative
     to `root`, by importing the suite modules (root must be importable)."""
-    found: dict[str, str] = {}
-    for path in sorted((root / package).glob("test_*.py")):
-        module = importlib.import_module(f"{package}.{path.stem}")
-        for value in vars(module).values():
-            spec: CaseSpec | None = getattr(value, "__corewire_case__", None)
-            if spec is not None and spec.area != "components":
-                found[spec.case_id] = path.relative_to(root).as_posix()
-    return found
+    return {case_id: where for case_id, (_, where) in wire_specs(root).items()
+            if where.startswith(f"{package}/")}
 
 
 def node_id(case_file: str, case: str, mutant: str) -> str:
