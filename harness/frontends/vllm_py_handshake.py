@@ -24,13 +24,18 @@ threads. A fork copies every lock in the state another thread left it, so a chil
 takes one (vLLM's `configure_logging` flushes the log handlers' streams, coordinator.py:181)
 waits for ever on a lock whose owner does not exist in it; the coordinator never reports its
 addresses (`_wait_for_zmq_addrs` waits 120 s, coordinator.py:56-66), AsyncLLM sends no INIT
-and the case ends in TIMEOUT: the flake of `handshake.init.coordinator_addresses_2_engines
-[vllm-py]` (tests/vllm_lane/test_vllm_py_handshake.py reproduces it by holding the log
-stream's lock at the fork). So the coordinator starts from a fork server instead
+and the case ends in TIMEOUT (tests/vllm_lane/test_vllm_py_handshake.py reproduces it by
+holding the log stream's lock at the fork). So the coordinator starts from a fork server instead
 (`coordinator_context`): a single-threaded process of its own that imported vLLM's coordinator
 module once, started when the driver is built (outside any case's bound); each coordinator
 is a fork of that clean process, in milliseconds, running vLLM's own `run_coordinator`.
 Spawning it (the CPU platform's default) would re-import vLLM, about 10 s a case.
+
+The handshake port is reserved (`ReservedTcpPort`), not merely free: between picking a free
+port and AsyncLLM binding it, any port-0 bind in any process (another worker's frontend or DP
+coordinator) could be handed it, and the engines' HELLO went to that stranger (a HELLO with
+no INIT, the `handshake.init.coordinator_addresses_2_engines[vllm-py]` TIMEOUT that recurred
+after the fork-server change; tests/test_reserved_port.py).
 
 `wait_for_engine_startup` has no bound: it polls the handshake socket every 10 s for ever
 (utils.py:1439-1452); `VLLM_ENGINE_READY_TIMEOUT_S` only bounds the later ready-frame wait.
@@ -57,7 +62,6 @@ import multiprocessing
 import multiprocessing.context
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -69,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 from harness.frontends.driver import StartupError, StartupHang
 from harness.leaks import register_session_helper
 from harness.timing import Timescale
+from harness.transport.endpoints import ReservedTcpPort
 from harness.vllm_dist import tiny_model_dir
 
 if TYPE_CHECKING:
@@ -124,13 +129,6 @@ def _stop_forkserver() -> None:
         if _FORKSERVER:
             forkserver._forkserver._stop()  # type: ignore[attr-defined]
             _FORKSERVER.clear()
-
-
-def free_tcp_port() -> int:
-    """A loopback port free right now (AsyncLLM binds the handshake socket there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 # A MoE variant of fixtures/tiny-model's config: vLLM runs DP wave coordination only for MoE
@@ -208,8 +206,9 @@ class HandshakeStartup:
     """One AsyncLLM construction in handshake mode, on its own thread, abortable."""
 
     def __init__(self, vllm: Any, config: Any, ready_timeout: float,
-                 timescale: Timescale) -> None:
+                 timescale: Timescale, port: ReservedTcpPort) -> None:
         self._vllm = vllm  # harness.frontends.vllm_py._Vllm
+        self._port = port  # held until the constructor has bound (or failed to bind) it
         self._timescale = timescale
         self._config = config
         self._ready_timeout = ready_timeout
@@ -268,6 +267,7 @@ class HandshakeStartup:
             failure = _describe(exc)
             del exc  # its traceback holds the half-built client; let the GC have it
         finally:
+            self._port.release()
             _CONSTRUCT_LOCK.release()
         if failure is not None:
             # The half-built client closed its sockets and stopped its coordinator; collecting
@@ -305,6 +305,8 @@ class HandshakeStartup:
             return None
         self._closed = True
         self._canceller.fire()
+        if not self._thread.is_alive():
+            self._port.release()  # never begun, or already done
         began = time.monotonic()
         limit = self._timescale.scaled(ABORT_JOIN_TIMEOUT)
         while self._thread.is_alive() and time.monotonic() - began < limit:
@@ -334,24 +336,30 @@ class HandshakeStartup:
 async def start_owner(vllm: Any, group: EngineSide, timeout: float,
                       timescale: Timescale) -> HandshakeStartup:
     """Begin building AsyncLLM as the handshake owner and point the engines at it."""
-    port = free_tcp_port()
+    # Held until AsyncLLM binds it: a port merely free now could meanwhile go to any port-0
+    # bind (the DP coordinator's own sockets, another worker's frontend), and the engines
+    # would say HELLO to a stranger (the handshake TIMEOUT flake, see ReservedTcpPort).
+    reservation = ReservedTcpPort(HOST)
+    port = reservation.port
     dp_size = len(group.engines)
     try:
         # On the loop, like the driver's other configs: ~0.15 s the first time per DP size, a
         # deep copy after (an executor thread would outlive the case).
         config = handshake_config(vllm.engine_args, dp_size, port, moe=group.coordinated)
     except Exception as exc:
+        reservation.release()
         raise StartupError(f"could not build vLLM's handshake-mode config for {dp_size} "
                            f"engine(s): {_describe(exc)}") from exc
     if group.coordinated:  # engines started with the same config report its hash (MoE DP)
         from mock_engines.group import EngineGroup
         if not isinstance(group, EngineGroup):
+            reservation.release()
             raise StartupError("a frontend-owned DP coordinator is only scripted with mock "
                                f"engines, not {type(group).__name__}")
         config_hash = config.parallel_config.compute_hash()
         for engine in group.engines:
             engine.script.parallel_config_hash = config_hash
-    startup = HandshakeStartup(vllm, config, max(0.05, timeout), timescale)
+    startup = HandshakeStartup(vllm, config, max(0.05, timeout), timescale, reservation)
     startup.begin()
     # Remote headless engines (the only kind a frontend with no local engines accepts in
     # internal-LB mode, utils.py:1419-1422, :1503-1518); they retry until the handshake

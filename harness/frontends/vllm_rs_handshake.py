@@ -12,7 +12,6 @@ answer the handshake in its place (the same HELLO / INIT / READY a headless vLLM
 from __future__ import annotations
 
 import os
-import socket
 import stat
 
 # Why coordinated cases (a frontend-owned DP coordinator) cannot run here yet.
@@ -25,13 +24,6 @@ STAND_IN = """#!/bin/sh
 # corewire: stands in for the managed Python engine; mock engines do the handshake instead.
 while kill -0 "$PPID" 2>/dev/null; do sleep 0.2; done
 """
-
-
-def free_tcp_port() -> int:
-    """A loopback port free right now (the binary binds it itself a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_stand_in(directory: str) -> str:

@@ -38,7 +38,7 @@ from harness.frontends.vllm_rs_control import ControlClient
 from harness.frontends.vllm_rs_http import CONNECTION_ERRORS, HOST
 from harness.frontends.vllm_rs_releases import RsRelease
 from harness.timing import Timescale
-from harness.transport.endpoints import PrivateIpcDir
+from harness.transport.endpoints import PrivateIpcDir, ReservedTcpPort
 from harness.vllm_dist import VLLM_VERSION, tiny_model_dir, vllm_rs_binary
 from harness.vllm_rs_fetch import release_binary
 
@@ -122,6 +122,7 @@ class RsProcess:
         self._saved_log = ""  # the log tail, kept past stop (diagnostics come after it)
         self._ipc: PrivateIpcDir | None = None
         self._listeners: list[socket.socket] = []
+        self._reserved: list[ReservedTcpPort] = []  # ports the binary binds, held till stop
 
     def command(self, in_fd: int | str, out_fd: int | str, http_fd: int, group: EngineSide,
                 ready_timeout: int, grpc_fd: int | None = None) -> list[str]:
@@ -191,7 +192,9 @@ class RsProcess:
         """`vllm-rs serve` owns HELLO / INIT / READY; the engines answer it (see
         vllm_rs_handshake.py)."""
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
-        handshake_port, self.port = hs.free_tcp_port(), hs.free_tcp_port()
+        # Held (not merely free) until stop: see ReservedTcpPort for the race this closes.
+        self._reserved = [ReservedTcpPort(HOST), ReservedTcpPort(HOST)]
+        handshake_port, self.port = (reserved.port for reserved in self._reserved)
         cmd = hs.serve_command(str(_binary(self.version)), model_dir(),
                                hs.write_stand_in(self._ipc.path), handshake_port, self.port,
                                len(group.engines), max(1, math.floor(timeout - 0.5)))
@@ -263,6 +266,9 @@ class RsProcess:
             await _terminate(proc)
             _LIVE.discard(proc)
         self._close_listeners()
+        for reserved in self._reserved:
+            reserved.release()
+        self._reserved = []
         if self.control is not None:
             self.control.close()
             self.control = None
