@@ -21,6 +21,7 @@ from harness import zmq_guard
 from harness.frontends.driver import Capability, FrontendDriver
 from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
 from harness.leaks import observe_temp_sockets
+from harness.memory_guard import guarded
 from harness.report.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
 from harness.report.excerpt import transcript_excerpt
 from harness.timing import Timescale, poll_until, use_in_case
@@ -164,7 +165,7 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
-        await asyncio.wait_for(fn(ctx), ctx.t(spec.timeout))
+        await guarded(asyncio.wait_for(fn(ctx), ctx.t(spec.timeout)))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
     except Exception as exc:  # every outcome class names its verdict: harness/grading.py

@@ -19,6 +19,7 @@ from harness.frontends.driver import (
     StartupError,
     UnsupportedOperation,
 )
+from harness.memory_guard import CaseMemoryExceeded
 from harness.verdicts import Level, Verdict, grade_unmet
 
 
@@ -56,6 +57,7 @@ GRADES: dict[type[BaseException], Grade] = {
     TimeoutError: Grade(Verdict.TIMEOUT, case_bound=True),
     asyncio.TimeoutError: Grade(Verdict.TIMEOUT, case_bound=True),
     DriverFault: Grade(Verdict.ERROR, "driver fault: ", traceback=True),
+    CaseMemoryExceeded: Grade(Verdict.ERROR, "memory bound: "),
     Exception: Grade(Verdict.ERROR, with_type=True, traceback=True),
 }
 

@@ -56,6 +56,8 @@ def one_run(index: int, args: argparse.Namespace, report_root: Path) -> SoakRun:
         argv += ["--frontend", frontend]
     if args.select:
         argv += ["-k", args.select]
+    if args.baseline:
+        argv += ["--baseline", args.baseline]
     load_before = os.getloadavg()
     started = time.monotonic()
     with open(report_root / f"run-{index:02d}.log", "wb") as log:
@@ -94,6 +96,8 @@ def main() -> int:
                         help="busy-loop processes kept running for the whole soak")
     parser.add_argument("--load-nice", type=int, default=0, help="nice value of the busy loops")
     parser.add_argument("-k", dest="select", help="narrow the cases (for trying it out)")
+    parser.add_argument("--baseline", help="the baseline that tolerates the real frontends' "
+                        "known divergences (so a run over them exits 0)")
     parser.add_argument("--report-root", default=str(ROOT / "reports/soak"))
     parser.add_argument("--out", default=str(ROOT / "docs/soak.md"))
     parser.add_argument("--run-timeout", type=float, default=1800.0)

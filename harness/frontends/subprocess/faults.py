@@ -18,6 +18,9 @@ of one run) holds one or more faults separated by commas:
   `respawning_grandchild:TAG` (a child that, on SIGTERM, starts a new daemon before exiting);
 - `ignore_shutdown` (never answers `shutdown`, ignores SIGTERM and the end of stdin),
   `flood_stderr:MB` (writes MB megabytes to stderr at start);
+- what a hostile frontend asks for (the harness's memory and report bounds): `oversize:KIND`
+  rewrites every `generate` before the frontend sees it, KIND one of `max_tokens` (10**9
+  tokens), `prompt` (an 8 MiB prompt), `request_id` (a 1 MiB request id);
 - older or buggy programs: `old_protocol` (a first-release program: none of the later
   capabilities, a plain "unknown command" error for later commands), `plain_unknown:CMD`
   (every capability declared, but CMD answered with a plain "unknown command" error),
@@ -49,6 +52,8 @@ OLD_CAPABILITIES = ("generate", "drop", "abort", "is_sleeping", "reset_prefix_ca
 LATER_COMMANDS = ("utility", "cancel")
 EXIT_AT_START = 4
 EXIT_CRASH = 3
+OVERSIZE_MAX_TOKENS = 10**9
+OVERSIZE_BYTES = 8 << 20
 
 
 def log(text: str) -> None:
@@ -130,6 +135,24 @@ class Faults:
             return False
         out.flush()
         return True
+
+    def rewrite(self, cmd: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """`oversize:KIND`: the `generate` the frontend receives asks for far too much."""
+        kinds = self.targets("oversize")
+        if cmd != "generate" or not kinds:
+            return msg
+        msg = dict(msg)
+        for kind in kinds:
+            if kind == "max_tokens":
+                msg["max_tokens"] = OVERSIZE_MAX_TOKENS
+            elif kind == "prompt":
+                msg["prompt"] = "x" * OVERSIZE_BYTES
+            elif kind == "request_id":
+                msg["request_id"] = "r" * (OVERSIZE_BYTES // 8)
+            else:
+                raise ValueError(f"unknown oversize fault {kind!r}")
+        log(f"injected: oversize {'+'.join(kinds)} on generate")
+        return msg
 
     def plain_unknown(self, cmd: str) -> bool:
         """An older program's answer to a command it does not know (no `unsupported`)."""

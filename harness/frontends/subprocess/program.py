@@ -114,6 +114,7 @@ class DriverProgram:
         cid, cmd = msg.get("id"), str(msg.get("cmd"))
         if self.faults.intercept(cmd, cid, self.out):
             return
+        msg = self.faults.rewrite(cmd, msg)
         if self.faults.plain_unknown(cmd):
             self.emit({"id": cid, "ok": False, "error": f"unknown command {cmd!r}"})
             return
