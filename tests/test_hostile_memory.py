@@ -71,8 +71,12 @@ def test_hostile_requests_cost_bounded_memory_and_report(tmp_path: Path) -> None
     for kind in FAULTS:
         argv += ["--frontend", f"subprocess:{python} -m harness.frontends.subprocess.program "
                                f"--fault oversize:{kind}"]
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    env.pop("COREWIRE_DRIVER_FAULT", None)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", PEAK_REPORTER, *argv], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", PEAK_REPORTER, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240, preexec_fn=_capped)
     elapsed = time.monotonic() - started
     peak = int(proc.stderr.rsplit("corewire-peak-rss-kib ", 1)[1].split()[0]) << 10
@@ -88,4 +92,5 @@ def test_hostile_requests_cost_bounded_memory_and_report(tmp_path: Path) -> None
         if row["verdict"] != "PASS":
             assert row["message"].strip(), row  # the cause is named
     assert report.stat().st_size < len(rows) * ROW_LIMIT
+    assert list(private_tmp.iterdir()) == [], "ipc or driver dirs left behind"
     assert peak < PEAK_RSS_BOUND, f"peak resident set {peak >> 20} MiB\n{output}"
