@@ -193,7 +193,8 @@ class RsProcess:
         vllm_rs_handshake.py)."""
         self._ipc = PrivateIpcDir(prefix="cw-rs-")
         # Held (not merely free) until stop: see ReservedTcpPort for the race this closes.
-        self._reserved = [ReservedTcpPort(HOST), ReservedTcpPort(HOST)]
+        for _ in range(2):  # one at a time: stop() releases what was reserved if one fails
+            self._reserved.append(ReservedTcpPort(HOST))
         handshake_port, self.port = (reserved.port for reserved in self._reserved)
         cmd = hs.serve_command(str(_binary(self.version)), model_dir(),
                                hs.write_stand_in(self._ipc.path), handshake_port, self.port,
