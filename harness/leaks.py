@@ -56,6 +56,17 @@ def _children() -> frozenset[int]:
     return frozenset(found)
 
 
+def _command_of(pid: int) -> str:
+    """A process's command line, short (what a leak report names), '?' once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return f"{pid}: ?"
+    text = " ".join(a.decode("utf-8", "replace") for a in argv if a)
+    return f"{pid}: {text[:160]}"
+
+
 def _socket_fds() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):
@@ -175,8 +186,9 @@ def leaks_since(before: Snapshot) -> list[str]:
     now = snapshot()
     problems = []
     if now.children - before.children:
-        problems.append(f"child processes still running (descendants included): "
-                        f"{sorted(now.children - before.children)}")
+        left = sorted(now.children - before.children)
+        problems.append(f"child processes still running (descendants included): {left} "
+                        f"({'; '.join(_command_of(pid) for pid in left[:4])})")
     if now.sockets > before.sockets:
         problems.append(f"{now.sockets - before.sockets} socket fd(s) still open")
     if now.ipc_dirs - before.ipc_dirs:
