@@ -8,6 +8,8 @@ the ZMQ context terminated) within a bound.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -137,6 +139,9 @@ class MockCoordinator:
         self._codec = codec
         self._interval = interval
         self._stop = threading.Event()
+        # Written by stop(): the publishing thread's poll wakes at once instead of finishing
+        # its wait (up to 50 ms in every multi-engine case's teardown).
+        self._wake_read, self._wake_write = os.pipe()
         self._sock: zmq.Socket[bytes] | None = None
         self.failure: BaseException | None = None
         self.wave = 0
@@ -169,18 +174,32 @@ class MockCoordinator:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self._thread.join(timeout)
+        if self._wake_write >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_write, b"x")
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError("mock DP coordinator did not stop in time")
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._wake_read = self._wake_write = -1
 
     def _run(self) -> None:
         sock = self._sock  # owned by this thread from here on
         assert sock is not None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         try:
             next_publish = time.monotonic()
             while not self._stop.is_set():
                 wait_ms = max(0.0, (next_publish - time.monotonic()) * 1000)
-                if sock.poll(int(min(wait_ms, 50))):
+                ready = dict(poller.poll(int(min(wait_ms, 50))))
+                if self._stop.is_set():
+                    break
+                if sock in ready:
                     frame = sock.recv()
                     self.transcript.append(Record(time.monotonic(), COORDINATOR_RANK, "in",
                                                   "coordinator", (frame,), None, None,
