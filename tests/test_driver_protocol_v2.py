@@ -96,6 +96,14 @@ def test_sampling_round_trips_and_refuses_what_it_cannot_carry() -> None:
             Sampling.from_json(bad)
 
 
+def test_the_schema_names_what_the_harness_sends() -> None:
+    defs = json.loads((ROOT / "docs" / "driver-protocol.schema.json").read_text())["$defs"]
+    assert set(defs["sampling"]["required"]) == set(GREEDY.to_json())
+    assert set(defs["model"]["properties"]) == set(model_facts())
+    declared = set(defs["reply"]["properties"]["capabilities"]["items"]["enum"])
+    assert declared == {c.value for c in Capability} - {"sampling"}  # version 2's, implied
+
+
 @pytest.mark.parametrize(("reply", "version"), [({}, 1), ({"version": 1}, 1),
                                                 ({"version": 2}, 2)])
 def test_the_answered_version(reply: dict[str, Any], version: int) -> None:
