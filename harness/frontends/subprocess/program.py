@@ -230,25 +230,25 @@ class DriverProgram:
                                             data_parallel_rank=msg.get("data_parallel_rank"),
                                             stop=msg.get("stop"),
                                             request_id=msg.get("request_id"),
-                                            params=msg.get("params"),
-                                            sampling=self.sampling(msg))
+                                            params=msg.get("params"), **self.sampling(msg))
         return self.attach(str(msg["stream"]), handle)
 
     async def cmd_open_session(self, msg: dict[str, Any]) -> dict[str, Any]:
         handle = await self.driver.open_session(
             msg["prompt"], int(msg["max_tokens"]),
-            data_parallel_rank=msg.get("data_parallel_rank"), sampling=self.sampling(msg))
+            data_parallel_rank=msg.get("data_parallel_rank"), **self.sampling(msg))
         return self.attach(str(msg["stream"]), handle)
 
-    def sampling(self, msg: dict[str, Any]) -> Sampling | None:
-        """The client's sampling (version 2); the in-process driver refuses what it cannot
-        honour (UNSUPPORTED). A version-1 program is never sent one."""
+    def sampling(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The client's sampling (version 2) as the driver's keyword, only when sent: a
+        driver written before `sampling` keeps its signature. The in-process driver refuses
+        what it cannot honour (UNSUPPORTED); a version-1 program is never sent one."""
         if "sampling" not in msg:
-            return None
+            return {}
         if self.version < 2:
             self.faults.refuse_newer_field(msg, "sampling")
         try:
-            return Sampling.from_json(msg["sampling"])
+            return {"sampling": Sampling.from_json(msg["sampling"])}
         except (TypeError, ValueError) as exc:
             raise FrontendError(f"bad `sampling`: {exc}") from None
 
