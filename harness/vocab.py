@@ -10,6 +10,10 @@ from collections.abc import Iterable
 
 SPECIAL = {0: "<unk>", 1: "<s>", 2: "</s>"}
 EOS_TOKEN_ID = 2
+BOS_TOKEN_ID = 1
+# fixtures/tiny-model/config.json's vocab_size and max_position_embeddings (a test checks).
+VOCAB_SIZE = 1000
+MAX_POSITION_EMBEDDINGS = 2048
 # A non-special token's text in a stream, `{id}` its id: the rule a port without a tokenizer
 # applies (the driver protocol hands it over in init.model.token_text).
 TEXT_TEMPLATE = " t{id}"

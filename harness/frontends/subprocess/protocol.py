@@ -9,13 +9,20 @@ stderr. `PROTOCOL` names the protocol and never changes (first-release programs 
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 from typing import Any
 
 from harness.frontends.driver import DriverFault
-from harness.vllm_dist import tiny_model_dir
-from harness.vocab import EOS_TOKEN_ID, SPECIAL, TEXT_TEMPLATE
+from harness.vllm_dist import VllmArtifactError, tiny_model_dir
+from harness.vocab import (
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    MAX_POSITION_EMBEDDINGS,
+    SPECIAL,
+    TEXT_TEMPLATE,
+    VOCAB_SIZE,
+)
 
 PROTOCOL = "corewire-driver/1"
 # 1: the first release. 2: `init` carries `model` (the facts a correct ADD needs) and
@@ -50,25 +57,20 @@ def model_facts() -> dict[str, Any]:
     """What a version-2 program is told about the model behind the mock engines (init's
     `model`): what an honest port needs to build a correct ADD and to render text without a
     tokenizer. The numbers are fixtures/tiny-model's (tests/test_driver_protocol_v2.py
-    checks they agree with its config and with harness.vocab)."""
-    return dict(_model_facts())
-
-
-@functools.cache
-def _model_facts() -> dict[str, Any]:
-    path = tiny_model_dir()
-    config = json.loads((path / "config.json").read_text())
-    return {
-        "path": str(path),  # config.json and tokenizer.json, for a port that loads them
+    checks they agree with its config). `path` is left out where the fixture is absent."""
+    facts: dict[str, Any] = {
         "eos_token_id": EOS_TOKEN_ID,
-        "bos_token_id": int(config["bos_token_id"]),
+        "bos_token_id": BOS_TOKEN_ID,
         "special_token_ids": sorted(SPECIAL),
-        "vocab_size": int(config["vocab_size"]),
+        "vocab_size": VOCAB_SIZE,
         # The model's own context length; the engines' ready responses may serve less, and
         # their minimum is the limit a frontend reports (handshake.ready.*).
-        "max_model_len": int(config["max_position_embeddings"]),
+        "max_model_len": MAX_POSITION_EMBEDDINGS,
         "token_text": TEXT_TEMPLATE,
     }
+    with contextlib.suppress(VllmArtifactError):  # config.json and tokenizer.json, for a
+        facts["path"] = str(tiny_model_dir())  # port that loads a real tokenizer
+    return facts
 
 
 def encode_line(message: dict[str, Any]) -> bytes:
