@@ -66,7 +66,7 @@ def _make_greedy_eos(engines: int) -> None:
           f"With {engines} engine(s), every ADD of a greedy request (the client asks for "
           "temperature 0) carries temperature 0.0, the model's EOS token id as "
           "_eos_token_id, that id in _all_stop_token_ids, and the client's max_tokens.",
-          grounds=ADD_SAMPLING, needs=GEN)
+          grounds=ADD_SAMPLING, needs=[Capability.GENERATE, Capability.SAMPLING])
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript() for _ in range(engines)])
         asks = [(prompt(i), 2 + i) for i in range(2 * engines)]

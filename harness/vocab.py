@@ -10,6 +10,13 @@ from collections.abc import Iterable
 
 SPECIAL = {0: "<unk>", 1: "<s>", 2: "</s>"}
 EOS_TOKEN_ID = 2
+BOS_TOKEN_ID = 1
+# fixtures/tiny-model/config.json's vocab_size and max_position_embeddings (a test checks).
+VOCAB_SIZE = 1000
+MAX_POSITION_EMBEDDINGS = 2048
+# A non-special token's text in a stream, `{id}` its id: the rule a port without a tokenizer
+# applies (the driver protocol hands it over in init.model.token_text).
+TEXT_TEMPLATE = " t{id}"
 
 
 def token_text(token_id: int) -> str:
@@ -17,5 +24,6 @@ def token_text(token_id: int) -> str:
 
 
 def detokenize(token_ids: Iterable[int]) -> str:
-    """Text as a word-level tokenizer with whitespace joining renders it (" t5 t6")."""
-    return "".join(" " + token_text(t) for t in token_ids if t not in SPECIAL)
+    """Text as a word-level tokenizer with whitespace joining renders it (" t5 t6"); special
+    tokens render as nothing (skip_special_tokens)."""
+    return "".join(TEXT_TEMPLATE.format(id=t) for t in token_ids if t not in SPECIAL)

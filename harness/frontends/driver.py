@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import array
 import asyncio
+import dataclasses
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class Capability(str, enum.Enum):
     # generate(params={"prompt_embeds": rows}) puts a float32 tensor on the ADD (a large
     # one travels as an aux frame).
     INPUT_TENSORS = "input_tensors"
+    # The ADD carries the client's sampling (generate(sampling=...), GREEDY by default) and
+    # the model's EOS id. In-process drivers know both; a driver program learns them from
+    # protocol version 2 (`generate.sampling`, `init.model`), so version 1 lacks this.
+    SAMPLING = "sampling"
 
 
 ALL_CAPABILITIES = frozenset(Capability)
@@ -112,6 +117,76 @@ def prompt_embeds_bytes(rows: Sequence[Sequence[float]]) -> tuple[tuple[int, int
         raise ValueError("prompt_embeds rows must all have the same length")
     flat = [float(v) for row in rows for v in row]
     return (len(rows), width), array.array("f", flat).tobytes()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling a client asks for with generate().
+
+    Cases ask for GREEDY, the default: temperature 0, the model's EOS ending the sequence.
+    vLLM's frontends copy these onto the ADD's SamplingParams with the model's EOS id
+    (streaming.add_fields.*); a driver program of protocol version 2 receives them
+    explicitly (`generate.sampling`), so a port never has to guess what the client meant.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut (vLLM's SamplingParams default)
+    min_p: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS id
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, explicitly (the driver protocol's `sampling` object)."""
+        fields = dataclasses.asdict(self)
+        fields["stop_token_ids"] = list(self.stop_token_ids)
+        return fields
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Sampling:
+        """The inverse of to_json; a missing key takes its default. ValueError names an
+        unknown key or a value of the wrong type (nothing is silently dropped)."""
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown sampling field(s) {unknown}")
+        fields = dict(value)
+        for name in ("temperature", "top_p", "min_p"):
+            if name in fields:
+                fields[name] = _json_number(name, fields[name], float)
+        for name in ("top_k", "min_tokens"):
+            if name in fields:
+                fields[name] = _json_number(name, fields[name], int)
+        if fields.get("seed") is not None:
+            fields["seed"] = _json_number("seed", fields["seed"], int)
+        if type(fields.get("ignore_eos", False)) is not bool:
+            raise ValueError(f"sampling field 'ignore_eos': {fields['ignore_eos']!r} is not "
+                             f"a boolean")
+        ids = fields.get("stop_token_ids", [])
+        if not isinstance(ids, list) or any(type(t) is not int for t in ids):
+            raise ValueError(f"sampling field 'stop_token_ids': {ids!r} is not a list of "
+                             f"token ids")
+        fields["stop_token_ids"] = tuple(ids)
+        return cls(**fields)
+
+
+GREEDY = Sampling()
+
+
+def _json_number(name: str, value: Any, kind: type[int] | type[float]) -> Any:
+    """`value` as `kind` when JSON gave a number of that kind (an int serves as a float;
+    a bool is no number)."""
+    if not (type(value) is int or (kind is float and type(value) is float)):
+        raise ValueError(f"sampling field {name!r}: {value!r} is not {kind.__name__}")
+    return kind(value)
+
+
+def check_sampling(driver: str, sampling: Sampling | None) -> None:
+    """Refuse (UnsupportedOperation) sampling a greedy-only driver cannot honour."""
+    if sampling is not None and sampling != GREEDY:
+        raise UnsupportedOperation(f"{driver}: only greedy requests are on this driver's "
+                                   f"surface (asked for {sampling})")
 
 
 @dataclass
@@ -202,12 +277,14 @@ class FrontendDriver(abc.ABC):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         """Start one request; returns at once with a handle that fills as outputs arrive.
 
         `request_id` is a client-chosen id (None: the driver picks a fresh one); `params`
-        holds pass-through fields (PASS_THROUGH_FIELDS). A driver that cannot honour
-        either raises UnsupportedOperation rather than silently dropping it.
+        holds pass-through fields (PASS_THROUGH_FIELDS); `sampling` the client's sampling
+        (None: GREEDY). A driver that cannot honour any of them raises
+        UnsupportedOperation rather than silently dropping it.
         """
 
     @abc.abstractmethod
@@ -239,9 +316,11 @@ class FrontendDriver(abc.ABC):
                                    f"driver's surface")
 
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
-                           data_parallel_rank: int | None = None) -> StreamHandle:
-        """Start a streaming-input session with its first input segment; the handle stays
-        open across segment finishes until the session is closed, aborted or fails."""
+                           data_parallel_rank: int | None = None,
+                           sampling: Sampling | None = None) -> StreamHandle:
+        """Start a streaming-input session with its first input segment (`sampling` as for
+        generate, kept by every continuation); the handle stays open across segment
+        finishes until the session is closed, aborted or fails."""
         raise UnsupportedOperation(f"{self.name}: streaming-input sessions are not on this "
                                    f"driver's surface")
 

@@ -9,6 +9,7 @@ from typing import Any
 from harness.frontends.driver import (
     FrontendDriver,
     ObservedConfig,
+    Sampling,
     StreamHandle,
     UnsupportedOperation,
 )
@@ -26,7 +27,8 @@ class NoFrontend(FrontendDriver):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         raise UnsupportedOperation("generate")
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:

@@ -70,10 +70,12 @@ from harness.frontends.driver import (
     FrontendDriver,
     FrontendError,
     ObservedConfig,
+    Sampling,
     StartupError,
     StreamHandle,
     UnsupportedOperation,
     check_generate_options,
+    check_sampling,
 )
 from harness.frontends.vllm_py_env import hold_rpc_base, release_rpc_base
 from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
@@ -399,11 +401,13 @@ class VllmPyDriver(FrontendDriver):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         llm = self._require()
         vllm = _load_vllm()
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
+        check_sampling(self.name, sampling)  # greedy only (temperature=0.0 below)
         handle = StreamHandle(list(prompt_token_ids))
         handle.request_id = f"cw-{next(self._ids)}" if request_id is None else request_id
         kind = vllm.output_kind.DELTA if stream else vllm.output_kind.FINAL_ONLY
@@ -453,7 +457,9 @@ class VllmPyDriver(FrontendDriver):
             handle.finish("error", "AsyncLLM.generate() ended without a finished output")
 
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
-                           data_parallel_rank: int | None = None) -> StreamHandle:
+                           data_parallel_rank: int | None = None,
+                           sampling: Sampling | None = None) -> StreamHandle:
+        check_sampling(self.name, sampling)
         llm = self._require()
         vllm = _load_vllm()
         handle = StreamHandle(list(prompt_token_ids), request_id=f"cw-{next(self._ids)}")

@@ -46,9 +46,11 @@ from harness.frontends.driver import (
     FrontendDriver,
     FrontendError,
     ObservedConfig,
+    Sampling,
     StreamHandle,
     UnsupportedOperation,
     check_generate_options,
+    check_sampling,
 )
 from harness.frontends.vllm_rs_control import ControlClient
 from harness.frontends.vllm_rs_http import CONNECTION_ERRORS, HttpError, RsHttpClient, describe
@@ -186,9 +188,11 @@ class VllmRsDriver(FrontendDriver):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=RS_PASS_THROUGH)
+        check_sampling(self.name, sampling)  # greedy only ("temperature": 0 below)
         handle = StreamHandle(list(prompt_token_ids))
         request_tag = f"cw{self._tag}-{next(self._seq)}" if request_id is None else request_id
         external = f"cmpl-{request_tag}"

@@ -42,6 +42,7 @@ RS_CAPABILITIES = frozenset({
     Capability.MAX_MODEL_LEN, Capability.BLOCK_SIZE, Capability.NUM_GPU_BLOCKS,
     Capability.REQUEST_ERRORS, Capability.ENGINE_DEATH, Capability.CALL_UTILITY,
     Capability.CANCEL_UTILITY, Capability.CLIENT_REQUEST_ID, Capability.PASS_THROUGH,
+    Capability.SAMPLING,
 })
 assert RS_CAPABILITIES <= ALL_CAPABILITIES
 

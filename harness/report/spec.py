@@ -159,7 +159,9 @@ def render_wire(profile: Mapping[str, Any]) -> list[str]:
         lines += _field_rows(struct) + [""]
     ready = structs["EngineCoreReadyResponse"]
     lines += [f"### 1.8 The ready response ({ready['source']})", "",
-              "The first message an engine sends each frontend on its output socket. Keys "
+              "The first message an engine sends each frontend, on its input socket (the "
+              "engine's DEALER: the frontend's ROUTER reads it as `[identity, payload]` and so "
+              "learns the engine's identity). Keys "
               "(a msgpack map):", ""]
     lines += _field_rows(ready) + [""]
     required = profile["required_ready_keys"]

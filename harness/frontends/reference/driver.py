@@ -13,8 +13,10 @@ from harness.frontends.driver import (
     FrontendDriver,
     FrontendError,
     ObservedConfig,
+    Sampling,
     StreamHandle,
     check_generate_options,
+    check_sampling,
 )
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
@@ -74,15 +76,19 @@ class ReferenceDriver(FrontendDriver):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
+        check_sampling(self.name, sampling)  # the core makes greedy requests only
         return await self._fe().generate(prompt_token_ids, max_tokens,
                                          data_parallel_rank=data_parallel_rank, stop=stop,
                                          request_id=request_id, params=params)
 
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
-                           data_parallel_rank: int | None = None) -> StreamHandle:
+                           data_parallel_rank: int | None = None,
+                           sampling: Sampling | None = None) -> StreamHandle:
+        check_sampling(self.name, sampling)
         return await self._fe().open_session(prompt_token_ids, max_tokens,
                                              data_parallel_rank=data_parallel_rank)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness import process_tree
 from harness.frontends.driver import (
+    GREEDY,
     PASS_THROUGH_FIELDS,
     TENSOR_FIELDS,
     Capability,
@@ -31,6 +32,7 @@ from harness.frontends.driver import (
     FrontendDriver,
     FrontendError,
     ObservedConfig,
+    Sampling,
     StartupError,
     StreamHandle,
     UnsupportedOperation,
@@ -40,9 +42,12 @@ from harness.frontends.stderr_capture import StderrCapture
 from harness.frontends.subprocess.protocol import (
     MAX_LINE,
     PROTOCOL,
+    VERSION,
     DriverProtocolError,
+    answered_version,
     decode_line,
     encode_line,
+    model_facts,
 )
 
 if TYPE_CHECKING:
@@ -97,14 +102,20 @@ class DriverProgramFault(DriverFault):
 
 
 class SubprocessDriver(FrontendDriver):
-    """Runs `argv` as a driver program and talks to it over stdin/stdout."""
+    """Runs `argv` as a driver program and talks to it over stdin/stdout.
+
+    `model`: the facts `init` hands a version-2 program (None: the tiny model's,
+    `model_facts()`; a test may send others to see them reach the ADD).
+    """
 
     def __init__(self, argv: Sequence[str], name: str = "subprocess",
-                 command_timeout: float | None = None, env: dict[str, str] | None = None
-                 ) -> None:
+                 command_timeout: float | None = None, env: dict[str, str] | None = None,
+                 model: Mapping[str, Any] | None = None) -> None:
         self.argv = list(argv)
         self.name = name
         self.capabilities = frozenset()
+        self.model = dict(model) if model is not None else model_facts()
+        self.version = 1  # the protocol version the program answered in `init`
         self._command_timeout = command_timeout
         self.env = env
         self._proc: asyncio.subprocess.Process | None = None
@@ -326,13 +337,24 @@ class SubprocessDriver(FrontendDriver):
         assert self._workdir is not None
         reply = await self._command(
             "init", timeout=timeout + self.scaled(PROGRAM_START_S), protocol=PROTOCOL,
-            workdir=self._workdir.name,
+            version=VERSION, model=self.model, workdir=self._workdir.name,
             engines=[{"rank": e.rank} for e in group.engines], dp_size=len(group.engines),
             stats_address=group.stats_address, timescale=self.scaled(1.0),
             **({"handshake": True} if group.handshake else {}),
             **({"coordinator": True} if group.coordinated else {}))
-        self.capabilities = frozenset(Capability(c) for c in reply.get("capabilities", [])
-                                      if c in Capability._value2member_map_)
+        try:
+            self.version = answered_version(reply)
+        except DriverProtocolError as exc:
+            fault = DriverProgramFault(f"driver broke the protocol: {exc}")
+            self._set_fault(fault)
+            raise fault from None
+        declared = {Capability(c) for c in reply.get("capabilities", [])
+                    if c in Capability._value2member_map_}
+        # SAMPLING is the version's, not a declaration: only version 2 tells the program
+        # the client's sampling and the model's EOS id.
+        declared.discard(Capability.SAMPLING)
+        self.capabilities = frozenset(declared | ({Capability.SAMPLING} if self.version >= 2
+                                                  else set()))
         if group.handshake and "handshake" not in reply:
             raise UnsupportedOperation("init: handshake mode was requested but the driver "
                                        "program answered without a 'handshake' address")
@@ -348,7 +370,8 @@ class SubprocessDriver(FrontendDriver):
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling | None = None) -> StreamHandle:
         # Only sent to programs that declared them: an older program would ignore them.
         check_generate_options(
             self.name, request_id, params,
@@ -356,7 +379,7 @@ class SubprocessDriver(FrontendDriver):
             pass_through=(PASS_THROUGH_FIELDS if Capability.PASS_THROUGH in self.capabilities
                           else ()) + (TENSOR_FIELDS if Capability.INPUT_TENSORS
                                       in self.capabilities else ()))
-        options: dict[str, Any] = {}
+        options = self._sampling_option(sampling)
         if request_id is not None:
             options["request_id"] = request_id
         if params:
@@ -371,16 +394,29 @@ class SubprocessDriver(FrontendDriver):
         return handle
 
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
-                           data_parallel_rank: int | None = None) -> StreamHandle:
+                           data_parallel_rank: int | None = None,
+                           sampling: Sampling | None = None) -> StreamHandle:
         self._require_sessions()
+        options = self._sampling_option(sampling)
         sid = f"s{next(self._stream_ids)}"
         handle = StreamHandle(list(prompt_token_ids))
         self._streams[sid] = handle
         reply = await self._command("open_session", stream=sid, prompt=list(prompt_token_ids),
                                     max_tokens=max_tokens,
-                                    data_parallel_rank=data_parallel_rank)
+                                    data_parallel_rank=data_parallel_rank, **options)
         handle.request_id = reply.get("request_id")
         return handle
+
+    def _sampling_option(self, sampling: Sampling | None) -> dict[str, Any]:
+        """`sampling` for a version-2 program, every field explicit (None: GREEDY). A
+        version-1 program is told none: it makes its own greedy requests, and anything
+        else is refused (UNSUPPORTED) rather than silently dropped."""
+        if self.version >= 2:
+            return {"sampling": (sampling or GREEDY).to_json()}
+        if sampling is not None and sampling != GREEDY:
+            raise UnsupportedOperation(f"{self.name}: a version-1 driver program is told no "
+                                       f"sampling (protocol version 2 carries it)")
+        return {}
 
     async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
                                max_tokens: int) -> None:

@@ -22,7 +22,10 @@ of one run) holds one or more faults separated by commas:
   rewrites every `generate` before the frontend sees it, KIND one of `max_tokens` (10**9
   tokens), `prompt` (an 8 MiB prompt), `request_id` (a 1 MiB request id);
 - older or buggy programs: `old_protocol` (a first-release program: none of the later
-  capabilities, a plain "unknown command" error for later commands), `plain_unknown:CMD`
+  capabilities, a plain "unknown command" error for later commands, protocol version 1),
+  `protocol_v1` (every capability, but a version-1 program: its `init` reply names no
+  `version`, and a version-2 field sent to it anyway fails the command), `version:JSON`
+  (the `init` reply's `version` is JSON, e.g. `version:3` or `version:"2"`), `plain_unknown:CMD`
   (every capability declared, but CMD answered with a plain "unknown command" error),
   `bug_on:CMD` (CMD's handler raises an AttributeError: a bug of the program, which exits
   with code 70 -- never an "unsupported" answer).
@@ -30,6 +33,7 @@ of one run) holds one or more faults separated by commas:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any, BinaryIO, NoReturn
 
-from harness.frontends.driver import Capability
+from harness.frontends.driver import Capability, FrontendError
 from harness.frontends.subprocess.protocol import encode_line
 from harness.transport.endpoints import PrivateIpcDir
 
@@ -177,6 +181,26 @@ class Faults:
                 self._bad_written.add(kind)
                 log(f"injected badly shaped line after {event}: {kind}")
                 out.write(bad_line(kind, str(message.get("stream"))))
+
+    def version(self, agreed: int) -> int:
+        """The protocol version the program speaks: a first-release program's is 1."""
+        return 1 if {"old_protocol", "protocol_v1"} & set(self.items) else agreed
+
+    def version_field(self, version: int) -> dict[str, Any]:
+        """The `init` reply's version: none from a first-release program (it did not know
+        the field), the injected JSON under `version:JSON`."""
+        for value in self.targets("version"):
+            return {"version": json.loads(value)}
+        if version < 2 and {"old_protocol", "protocol_v1"} & set(self.items):
+            return {}
+        return {"version": version}
+
+    def refuse_newer_field(self, message: dict[str, Any], name: str) -> None:
+        """A strict first-release program fails a command carrying a field it never heard
+        of (what corewire must never send it)."""
+        if {"old_protocol", "protocol_v1"} & set(self.items):
+            log(f"a version-1 program got `{name}` on `{message.get('cmd')}`")
+            raise FrontendError(f"unexpected field `{name}` (this program speaks version 1)")
 
     def capabilities(self, declared: Iterable[Capability]) -> list[str]:
         """What the program declares at init: its driver's capabilities, or a first

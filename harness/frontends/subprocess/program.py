@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from harness.frontends.driver import (
     FrontendDriver,
     FrontendError,
+    Sampling,
     StartupError,
     StartupHang,
     StreamHandle,
@@ -39,7 +40,13 @@ from harness.frontends.subprocess.faults import (
     release_ipc_dirs,
 )
 from harness.frontends.subprocess.feed import CommandFeed
-from harness.frontends.subprocess.protocol import PROTOCOL, decode_line, encode_line
+from harness.frontends.subprocess.protocol import (
+    PROTOCOL,
+    VERSION,
+    decode_line,
+    encode_line,
+    model_facts,
+)
 from harness.frontends.subprocess.remote_engines import RemoteEngineSide, StartupBound
 from harness.timing import Timescale
 
@@ -95,6 +102,7 @@ class DriverProgram:
         self.tasks: dict[Any, asyncio.Task[None]] = {}  # command id -> its handler task
         self.start_task: asyncio.Task[None] | None = None
         self.timescale = 1.0
+        self.version = 1  # the protocol version agreed in `init`
         self.closing = False
         # The startup commands the loop has taken already (`hold` must not wait for them).
         self.taken: dict[str, dict[str, Any]] = {}
@@ -159,6 +167,9 @@ class DriverProgram:
             raise FrontendError(f"unsupported protocol {msg.get('protocol')!r}")
         if self.start_task is not None:
             raise FrontendError("init was already received")
+        self.version = self.faults.version(agreed_version(msg.get("version")))
+        if self.version >= 2:
+            check_model(msg.get("model"))
         self.timescale = float(msg.get("timescale") or 1.0)
         self.driver.with_timescale(Timescale(self.timescale))  # every bound of the driver's
         use_workdir(str(msg.get("workdir") or ""))
@@ -187,7 +198,7 @@ class DriverProgram:
 
     def answer_init(self, cid: Any, addresses: dict[str, Any]) -> None:
         self.emit({"id": cid, "ok": True, "name": f"{self.driver.name} (subprocess)",
-                   **addresses,
+                   **addresses, **self.faults.version_field(self.version),
                    "capabilities": self.faults.capabilities(self.driver.capabilities)})
 
     def hold(self) -> float:
@@ -220,14 +231,27 @@ class DriverProgram:
                                             data_parallel_rank=msg.get("data_parallel_rank"),
                                             stop=msg.get("stop"),
                                             request_id=msg.get("request_id"),
-                                            params=msg.get("params"))
+                                            params=msg.get("params"), **self.sampling(msg))
         return self.attach(str(msg["stream"]), handle)
 
     async def cmd_open_session(self, msg: dict[str, Any]) -> dict[str, Any]:
         handle = await self.driver.open_session(
             msg["prompt"], int(msg["max_tokens"]),
-            data_parallel_rank=msg.get("data_parallel_rank"))
+            data_parallel_rank=msg.get("data_parallel_rank"), **self.sampling(msg))
         return self.attach(str(msg["stream"]), handle)
+
+    def sampling(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The client's sampling (version 2) as the driver's keyword, only when sent: a
+        driver written before `sampling` keeps its signature. The in-process driver refuses
+        what it cannot honour (UNSUPPORTED); a version-1 program is never sent one."""
+        if "sampling" not in msg:
+            return {}
+        if self.version < 2:
+            self.faults.refuse_newer_field(msg, "sampling")
+        try:
+            return {"sampling": Sampling.from_json(msg["sampling"])}
+        except (TypeError, ValueError) as exc:
+            raise FrontendError(f"bad `sampling`: {exc}") from None
 
     async def cmd_continue_session(self, msg: dict[str, Any]) -> None:
         await self.driver.continue_session(self.session(msg), msg["prompt"],
@@ -309,6 +333,30 @@ class DriverProgram:
 
 async def _buggy(msg: dict[str, Any]) -> None:
     raise_a_bug(msg)
+
+
+def agreed_version(offered: Any) -> int:
+    """The version this program speaks with a harness that offered `offered` (absent: a
+    first-release harness, 1): the newer of both sides' common versions."""
+    if offered is None:
+        return 1
+    if type(offered) is not int or offered < 1:
+        raise FrontendError(f"init: `version` must be a positive integer, got {offered!r}")
+    return min(offered, VERSION)
+
+
+def check_model(model: Any) -> None:
+    """The in-process frontends serve harness.vocab's tiny model: a version-2 `init` naming
+    another (an EOS id they would not put on the ADD) is refused, never half-honoured."""
+    if not isinstance(model, dict):
+        raise FrontendError(f"init: a version-2 `model` must be an object, got {model!r}")
+    ours = model_facts()
+    differ = sorted(k for k in ("eos_token_id", "special_token_ids", "token_text")
+                    if model.get(k) != ours[k])
+    if differ:
+        raise FrontendError(f"init: the in-process frontends serve the tiny model "
+                            f"({', '.join(f'{k}={ours[k]!r}' for k in differ)}); asked for "
+                            f"{', '.join(f'{k}={model.get(k)!r}' for k in differ)}")
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:

@@ -3,17 +3,31 @@
 Specified in docs/driver-protocol.md (with a JSON schema in docs/driver-protocol.schema.json).
 The harness writes one command per line to the driver's stdin; the driver writes replies
 (matched by `id`) and stream events to stdout, one JSON object per line, and logs only to
-stderr. Version: PROTOCOL.
+stderr. `PROTOCOL` names the protocol and never changes (first-release programs compare it);
+`VERSION` is the newest version corewire speaks, negotiated in `init` (`version`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 from harness.frontends.driver import DriverFault
+from harness.vllm_dist import VllmArtifactError, tiny_model_dir
+from harness.vocab import (
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    MAX_POSITION_EMBEDDINGS,
+    SPECIAL,
+    TEXT_TEMPLATE,
+    VOCAB_SIZE,
+)
 
 PROTOCOL = "corewire-driver/1"
+# 1: the first release. 2: `init` carries `model` (the facts a correct ADD needs) and
+# `generate` / `open_session` carry `sampling` (Capability.SAMPLING).
+VERSION = 2
 MAX_LINE = 1 << 20  # a line longer than this is a protocol violation
 
 COMMANDS = ("init", "wait_ready", "generate", "open_session", "continue_session",
@@ -24,6 +38,39 @@ EVENTS = ("output", "finished")
 
 class DriverProtocolError(DriverFault):
     """The driver program broke the protocol (bad JSON, unknown reply id, stray text)."""
+
+
+def answered_version(reply: dict[str, Any], offered: int = VERSION) -> int:
+    """The version a program speaks, from its reply to `init`: no `version` key is a
+    program of the first release (1); anything but an integer from 1 to `offered` breaks
+    the protocol."""
+    if "version" not in reply:
+        return 1
+    version = reply["version"]
+    if type(version) is not int or not 1 <= version <= offered:
+        raise DriverProtocolError(f"init reply: `version` must be an integer from 1 to "
+                                  f"{offered} (the version offered), got {version!r}")
+    return version
+
+
+def model_facts() -> dict[str, Any]:
+    """What a version-2 program is told about the model behind the mock engines (init's
+    `model`): what an honest port needs to build a correct ADD and to render text without a
+    tokenizer. The numbers are fixtures/tiny-model's (tests/test_driver_protocol_v2.py
+    checks they agree with its config). `path` is left out where the fixture is absent."""
+    facts: dict[str, Any] = {
+        "eos_token_id": EOS_TOKEN_ID,
+        "bos_token_id": BOS_TOKEN_ID,
+        "special_token_ids": sorted(SPECIAL),
+        "vocab_size": VOCAB_SIZE,
+        # The model's own context length; the engines' ready responses may serve less, and
+        # their minimum is the limit a frontend reports (handshake.ready.*).
+        "max_model_len": MAX_POSITION_EMBEDDINGS,
+        "token_text": TEXT_TEMPLATE,
+    }
+    with contextlib.suppress(VllmArtifactError):  # config.json and tokenizer.json, for a
+        facts["path"] = str(tiny_model_dir())  # port that loads a real tokenizer
+    return facts
 
 
 def encode_line(message: dict[str, Any]) -> bytes:
