@@ -28,7 +28,6 @@ of one run) holds one or more faults separated by commas:
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +59,7 @@ def release_ipc_dirs() -> None:
     """Remove the private ipc dirs the driver still holds (a graceful shutdown has already
     removed them; an abrupt exit must not leave them behind)."""
     for path in sorted(PrivateIpcDir.live):
-        shutil.rmtree(path, ignore_errors=True)
-        PrivateIpcDir.live.discard(path)
+        PrivateIpcDir.remove(path)
 
 
 def exit_now(code: int) -> NoReturn:
