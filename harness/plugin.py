@@ -362,7 +362,13 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
     except ReportsNotWritten as exc:
         run.not_written += exc.failures
     if config.getoption("update_baseline") and partial is None:
-        Baseline.from_results(results).save(config.getoption("baseline"))
+        from harness.report.failsafe import describe
+
+        path = config.getoption("baseline")
+        try:
+            Baseline.from_results(results).save(path)
+        except OSError as exc:
+            run.not_written.append(describe(path, exc))
 
 
 def _partial_reason(exitstatus: int) -> str | None:

@@ -72,20 +72,34 @@ def _spec_fields(config: pytest.Config, path: str, case_id: str) -> tuple[str, s
     return "MUST", "", "(the case's module could not be read on the controller)"
 
 
+def _is_case(config: pytest.Config, path: str) -> bool:
+    """Whether the item's module is one of the conformance suites (its items are cases)."""
+    from harness.selection import COMPONENTS_DIR
+
+    suites = COMPONENTS_DIR.parent.resolve()
+    module = (Path(str(config.rootpath)) / path).resolve()
+    return suites in module.parents
+
+
 def crashed_case(crashitem: str, report: pytest.TestReport) -> None:
     """Turn xdist's report of a crashed worker's item into the case's ERROR call report,
-    after ending what the worker left running."""
+    after ending what the worker left running (for any item: a test of corewire itself
+    keeps xdist's report, with what was ended added to it)."""
     node = getattr(report, "node", None)
     config: pytest.Config | None = getattr(node, "config", None)
-    parts = split_item_name(crashitem)
-    if config is None or parts is None:
-        return  # not one of our cases: xdist's report stands (an error outside any case)
-    path, case_id, frontend = parts
+    if config is None:
+        return
     worker = getattr(getattr(node, "gateway", None), "id", "?")
     cause, pid = exit_cause(node)
     # Only the crashed worker's registry: the others belong to live workers. Without its
     # pid, every dead owner's (a sweep never touches a live one's).
     swept = ownership.sweep(owner=pid) if pid is not None else ownership.sweep()
+    parts = split_item_name(crashitem)
+    if parts is None or not _is_case(config, parts[0]):
+        if swept.describe():
+            report.longrepr = f"{report.longrepr} ({cause}); the controller {swept.describe()}"
+        return  # not a case: xdist's report stands (an error outside any case)
+    path, case_id, frontend = parts
     notes = [f"worker {worker!r} ({cause}) while running this case"]
     if swept.describe():
         notes.append(f"teardown by the controller: {swept.describe()}")
