@@ -62,10 +62,12 @@ class Baseline:
             for r in keep})
 
     def save(self, path: str) -> None:
+        """Whole or not at all: a full disk must not cut the baseline file (a tracked
+        source file) in half."""
+        from harness.report.writer import write_atomically
+
         data: dict[str, Any] = {"entries": [asdict(e) for _, e in sorted(self.entries.items())]}
-        with open(path, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
+        write_atomically(path, json.dumps(data, indent=2) + "\n")
 
     def get(self, case: str, frontend: str) -> BaselineEntry | None:
         return self.entries.get((case, frontend))

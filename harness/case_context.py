@@ -24,6 +24,8 @@ from harness.leaks import observe_temp_sockets
 from harness.memory_guard import guarded
 from harness.report.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
 from harness.report.excerpt import transcript_excerpt
+from harness.report.failsafe import TRANSCRIPT_NOT_WRITTEN, describe
+from harness.report.writer import write_atomically
 from harness.timing import Timescale, poll_until, use_in_case
 from harness.transport.endpoints import PrivateIpcDir
 from harness.verdicts import CaseFn, CaseResult, CaseSpec, Evidence, Level, Verdict
@@ -239,6 +241,7 @@ def transcript_file_name(case_id: str, frontend: str) -> str:
 def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | None) -> None:
     """Attach the excerpt and write the full transcript; a failure here is noted on the
     verdict, never allowed to lose it."""
+    path = ""
     try:
         records = group.transcript.snapshot()
         full = [clip_value(r, TRANSCRIPT_TEXT_LIMIT) for r in group.transcript.to_json(records)]
@@ -247,8 +250,11 @@ def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | 
             os.makedirs(directory, exist_ok=True)
             path = os.path.join(directory, transcript_file_name(result.case_id,
                                                                 result.frontend))
-            with open(path, "w") as fh:
-                json.dump(full, fh, indent=1)
+            # Whole or absent: a full disk leaves no half-written transcript.
+            write_atomically(path, json.dumps(full, indent=1))
             result.evidence.transcript_file = path
+    except OSError as exc:  # reported on the verdict (and by the run's exit code)
+        result.evidence.notes.append(TRANSCRIPT_NOT_WRITTEN + describe(path or str(directory),
+                                                                       exc))
     except Exception as exc:  # reported on the verdict, never raised
-        result.evidence.notes.append(f"transcript not written: {type(exc).__name__}: {exc}")
+        result.evidence.notes.append(f"{TRANSCRIPT_NOT_WRITTEN}{type(exc).__name__}: {exc}")

@@ -11,8 +11,10 @@
 
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
-4 usage error, 5 no case ran. `diff` exits 1 when a case moved into a failing verdict;
-every command exits 4 with one line (no traceback) on unreadable or malformed input.
+4 usage error (a --report-dir another run holds included), 5 no case ran; and 6: a report
+file could not be written (disk full), the verdicts printed but not saved. `diff` exits 1
+when a case moved into a failing verdict; every command exits 4 with one line (no
+traceback) on unreadable or malformed input.
 `merge` exits with the code the unsharded run would have had (4: the inputs are not the
 shards of one run).
 The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes there too).
@@ -173,10 +175,16 @@ def _merge(args: argparse.Namespace) -> int:
             baseline = Baseline.load(args.baseline)
         except (OSError, BaselineError, ValueError) as exc:
             raise UsageError(f"--baseline {args.baseline}: {exc}") from None
+    from harness.report.failsafe import REPORTS_NOT_WRITTEN, ReportsNotWritten
+
     try:
         merged = merge_runs(args.dirs, args.report_dir, baseline)
     except MergeError as exc:
         raise UsageError(str(exc)) from None
+    except ReportsNotWritten as exc:
+        for failure in exc.failures:
+            print(f"corewire merge: not written: {failure}", file=sys.stderr)
+        return REPORTS_NOT_WRITTEN
     print("\n".join(summary_lines(merged)))
     return merged.exit_code
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Generator
 from typing import Any
 
@@ -28,6 +27,7 @@ from harness import interrupts, selection, shard
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends.registry import check_spec, make_driver
 from harness.report.bounds import bound_result
+from harness.report.dirlock import ReportDirLock
 from harness.report.evidence import evidence_text
 from harness.report.schema import RunMeta, encode_result
 from harness.session import SESSION, CorewireSession, session_of
@@ -80,6 +80,33 @@ def pytest_configure(config: pytest.Config) -> None:
     session = CorewireSession(timescale, baseline, _profile(config), _is_worker(config))
     config.stash[SESSION] = session
     config.pluginmanager.register(session, f"corewire-session-{id(session)}")
+    if not _is_worker(config) and _writes_report_set(config):
+        _lock_report_dir(config)
+
+
+REPORT_DIR_LOCK = pytest.StashKey[ReportDirLock]()
+
+
+def _writes_report_set(config: pytest.Config) -> bool:
+    """A conformance session, or one given --report-dir: it owns a report set (a session
+    of corewire's own tests, which runs conformance sessions of its own, does not)."""
+    given = any(a == "--report-dir" or a.startswith("--report-dir=")
+                for a in config.invocation_params.args)
+    return given or selection.conformance_only(config)
+
+
+def _lock_report_dir(config: pytest.Config) -> None:
+    """Held by the controlling process for the whole run (harness/report/dirlock.py); a
+    run already holding the dir makes this one a usage error naming it."""
+    from harness.report.dirlock import ReportDirBusy, lock_report_dir
+
+    report_dir = config.getoption("report_dir")
+    try:
+        config.stash[REPORT_DIR_LOCK] = lock_report_dir(report_dir)
+    except ReportDirBusy as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {report_dir}: {exc}") from None
 
 
 def _check_usage(config: pytest.Config) -> Timescale:
@@ -203,13 +230,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session_of(session.config).clear()
     interrupts.install()
     if not _is_worker(session.config):
+        from harness import ownership
+        from harness.report.failsafe import guard_junit
         from harness.report.reportdir import clear_report_set
 
+        ownership.sweep()  # what dead runs left: their driver programs, their temp dirs
+        guard_junit(session.config, session_of(session.config).not_written)
         clear_report_set(session.config.getoption("report_dir"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     interrupts.restore()
+    lock = config.stash.get(REPORT_DIR_LOCK, None)
+    if lock is not None:
+        lock.release()
     run = config.stash.get(SESSION, None)
     if run is not None and config.pluginmanager.is_registered(run):
         config.pluginmanager.unregister(run)
@@ -221,6 +255,15 @@ def pytest_testnodeready(node: Any) -> None:
     # No pid known: execnet itself interrupts the worker on teardown (after 5 s).
     with contextlib.suppress(Exception):
         interrupts.add_worker(int(node.gateway._rinfo().pid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+    """xdist controller: a worker died mid-case; the case gets its ERROR row and what the
+    worker left running is ended (harness/worker_crash.py)."""
+    from harness.worker_crash import crashed_case
+
+    crashed_case(crashitem, report)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -273,7 +316,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _remove_leftover_ipc_dirs()
     if _is_worker(config):
         return
+    from harness import ownership
+    from harness.report.failsafe import REPORTS_NOT_WRITTEN
+
     run = session_of(config)
+    try:
+        _write_report_set(session, exitstatus, run)
+    finally:
+        ownership.sweep()  # a worker that died outside a case left its registry
+        if run.not_written:
+            session.exitstatus = REPORTS_NOT_WRITTEN
+
+
+def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSession
+                      ) -> None:
+    """results.json and report.html on the controller; a file that cannot be written is
+    recorded in `run.not_written` (with transcripts the cases could not write), never
+    raised: the verdicts are still printed and the session still torn down."""
+    config = session.config
     results = run.results
     partial = run.partial = _partial_reason(exitstatus)
     this_shard = shard.configured_shard(config)
@@ -293,9 +353,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                  for (case, frontend), why in sorted(run.failing.items())},
         # Errors outside any case (a leak found at session end) fail the run too.
         failed_outside_cases=max(0, session.testsfailed - len(run.failing)))
-    write_reports(results, report_dir, run.profile, partial, run_meta)
+    from harness.report.failsafe import TRANSCRIPT_NOT_WRITTEN, ReportsNotWritten
+
+    run.not_written += [note[len(TRANSCRIPT_NOT_WRITTEN):] for r in results
+                        for note in r.evidence.notes if note.startswith(TRANSCRIPT_NOT_WRITTEN)]
+    try:
+        write_reports(results, report_dir, run.profile, partial, run_meta)
+    except ReportsNotWritten as exc:
+        run.not_written += exc.failures
     if config.getoption("update_baseline") and partial is None:
-        Baseline.from_results(results).save(config.getoption("baseline"))
+        from harness.report.failsafe import describe
+
+        path = config.getoption("baseline")
+        try:
+            Baseline.from_results(results).save(path)
+        except OSError as exc:
+            run.not_written.append(describe(path, exc))
 
 
 def _partial_reason(exitstatus: int) -> str | None:
@@ -312,8 +385,7 @@ def _remove_leftover_ipc_dirs() -> None:
     from harness.transport.endpoints import PrivateIpcDir
 
     for path in sorted(PrivateIpcDir.live):
-        shutil.rmtree(path, ignore_errors=True)
-        PrivateIpcDir.live.discard(path)
+        PrivateIpcDir.remove(path)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
@@ -334,6 +406,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         elif exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
                                         "matched no case")
+        if run.not_written:
+            _not_written_lines(terminalreporter, run.not_written)
         return
     counts: dict[str, int] = {}
     for r in results:
@@ -361,5 +435,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if warning:
         tr.write_line(warning, yellow=True, bold=True)
     report_dir = config.getoption("report_dir")
+    if run.not_written:
+        _not_written_lines(tr, run.not_written)
+        return
     tr.write_line(f"reports: {os.path.join(report_dir, 'results.json')}, "
                   f"{os.path.join(report_dir, 'report.html')} (evidence and transcripts)")
+
+
+def _not_written_lines(tr: Any, failures: list[str]) -> None:
+    from harness.report.failsafe import REPORTS_NOT_WRITTEN
+
+    tr.write_line(f"REPORTS NOT WRITTEN (exit {REPORTS_NOT_WRITTEN}): {len(failures)} "
+                  f"file(s) of the report set could not be written; the verdicts above "
+                  f"are this run's only record of them:", red=True, bold=True)
+    for failure in failures[:20]:
+        tr.write_line(f"  {failure}", red=True)
+    if len(failures) > 20:
+        tr.write_line(f"  ... and {len(failures) - 20} more", red=True)

@@ -7,11 +7,21 @@ so neither the group nor a walk of the parent chain finds it any more. What it k
 environment: the harness gives each program a unique marker variable (`TOKEN_VAR`) and finds
 every process whose initial environment carries it. Together with a parent-chain walk taken
 while the program is still alive, that covers children, grandchildren, daemons that double-
-forked into a new session, and anything they start in turn. Only a process that both re-execs
-with a scrubbed environment and is orphaned before teardown escapes; PR_SET_CHILD_SUBREAPER
-would catch that too, but it makes the whole harness process (pytest, the vLLM frontends run
-in it) the parent of every orphan, whose zombies someone must then reap: a global side effect
-we do not take for this case.
+forked into a new session, and anything they start in turn.
+
+A daemon that also re-execs with a scrubbed environment carries no token; the program is
+therefore started as a child subreaper (`become_subreaper`, PR_SET_CHILD_SUBREAPER, in the
+child before exec): its orphaned descendants are re-parented to it, not to init, so the
+parent-chain walk taken while it runs still finds them. Only such a daemon whose program had
+already died before teardown escapes (re-parented to init by then). The harness process
+itself is never made a subreaper: it would become the parent of every orphan, whose zombies
+someone must reap, and a reaper there would steal the exit status of our own children.
+
+A leftover that answers SIGTERM by starting a fresh copy of itself (setsid, double fork,
+re-exec: a new pid each time) outruns any number of terminate-and-rescan rounds; what comes
+back after the first round is stopped first (SIGSTOP: a stopped process can neither fork
+nor run a handler), scanned again until no new process appears, then killed
+(`stop_and_kill`).
 
 Signals go through pidfds (`os.pidfd_open`) opened after checking the process's start time, so
 a recycled pid is never signalled.
@@ -21,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TOKEN_VAR = "COREWIRE_PROCESS_TOKEN"  # marks a driver program and everything it starts
@@ -107,6 +118,30 @@ def family(root: int, token: str | None) -> dict[int, ProcessInfo]:
     return {pid: table[pid] for pid in members if pid in table}
 
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once in the parent: a child between fork and exec must not
+    load libraries (another thread may hold the loader's lock at fork time)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def become_subreaper() -> None:
+    """In a child before exec (a `preexec_fn`): make it the subreaper of its descendants,
+    so a daemon it starts that leaves its session stays its descendant even with a scrubbed
+    environment. The attribute survives exec and is not inherited. Where prctl is missing
+    (not Linux) it is a no-op: the token and the session still find most leftovers."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
 def new_token() -> str:
     return uuid.uuid4().hex
 
@@ -144,11 +179,16 @@ class _Handle:
                 signal.pidfd_send_signal(self.fd, sig)
 
     def alive(self) -> bool:
+        return self.state() not in (None, "Z", "X")
+
+    def state(self) -> str | None:
+        """The process's state letter (R, S, T, Z, ...); None once it is gone."""
         if self.fd is None:
-            return False
+            return None
         now = read_stat(self.info.pid)
-        return (now is not None and now.start_time == self.info.start_time
-                and now.state not in ("Z", "X"))
+        if now is None or now.start_time != self.info.start_time:
+            return None
+        return now.state
 
     def close(self) -> None:
         if self.fd is not None:
@@ -194,3 +234,47 @@ async def _wait_gone(handles: list[_Handle], timeout: float) -> list[_Handle]:
         await asyncio.sleep(0.02)
         live = [h for h in live if h.alive()]
     return live
+
+
+async def stop_and_kill(find: Callable[[], Iterable[ProcessInfo]], bound: float) -> Ending:
+    """End processes that respawn faster than they can be terminated: SIGSTOP every process
+    `find()` returns, scan again until it returns none that is not stopped yet (a process
+    forked before its parent stopped is found by the next scan), then SIGKILL them all and
+    verify they are gone. Bounded: `bound` for the stopping, another for the verification.
+    No SIGTERM: this is for what already ignored or abused one (`Ending.killed` lists all)."""
+    start = time.monotonic()
+    deadline = start + bound
+    handles: dict[tuple[int, int], _Handle] = {}
+    try:
+        while True:
+            fresh: list[_Handle] = []
+            for info in find():
+                if (info.pid, info.start_time) in handles:
+                    continue
+                handle = _Handle(info)
+                handles[(info.pid, info.start_time)] = handle
+                if handle.alive():
+                    fresh.append(handle)
+                    handle.signal(signal.SIGSTOP)
+            if not fresh or time.monotonic() > deadline:
+                break
+            await _wait_stopped(fresh, min(0.5, max(0.0, deadline - time.monotonic())))
+        stopped = list(handles.values())
+        for handle in stopped:
+            handle.signal(signal.SIGKILL)
+        survivors = await _wait_gone(stopped, bound)
+        return Ending([], sorted(h.info.pid for h in stopped if h not in survivors),
+                      sorted(h.info.pid for h in survivors), time.monotonic() - start)
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+async def _wait_stopped(handles: list[_Handle], timeout: float) -> None:
+    """Until each process is stopped (or gone): a scan taken before would miss a child it
+    was still forking."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(h.state() in (None, "T", "t", "Z", "X") for h in handles):
+            return
+        await asyncio.sleep(0.01)

@@ -35,11 +35,15 @@ class CorewireSession:
     # Errors outside any case (a leak found at session end, a fixture fault): nodeid, phase
     # and message, for the one line each the terminal summary gives them.
     outside: list[str] = field(default_factory=list)
+    # Report files that could not be written (disk full, size limit): path, reason, errno
+    # (harness/report/failsafe.py); the run then exits REPORTS_NOT_WRITTEN.
+    not_written: list[str] = field(default_factory=list)
 
     def clear(self) -> None:
         self.results.clear()
         self.failing.clear()
         self.outside.clear()
+        self.not_written.clear()
         self.partial = None
 
     @pytest.hookimpl(trylast=True)

@@ -3,7 +3,10 @@ interrupted row, 2, is tests/test_interrupts.py)."""
 
 from __future__ import annotations
 
+import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +41,9 @@ ROWS: dict[str, tuple[int, str]] = {
     "usage": (4, "unknown frontend 'nosuch'"),
     "bad-baseline": (4, "baseline"),
     "no-case": (5, "no case ran"),
+    "disk-full": (6, "REPORTS NOT WRITTEN (exit 6)"),  # its 2-3 KB reports past 1 KiB
 }
+DISK_FULL_LIMIT = 1 << 10  # bytes: RLIMIT_FSIZE (tests/test_disk_full.py says why)
 
 
 def _args(row: str, tmp: Path) -> list[str]:
@@ -57,8 +62,16 @@ def _args(row: str, tmp: Path) -> list[str]:
         bad = tmp / "bad.json"
         bad.write_text('{"entries": [{"case": 1}]}')
         return ["-k", "abort.drop.single", "--baseline", str(bad)]
+    if row == "disk-full":
+        return ["-k", "abort.drop.single"]
     assert row == "no-case"
     return ["-k", "no_such_case_anywhere"]
+
+
+def _limit_file_size() -> None:
+    """The disk-full row: writes past DISK_FULL_LIMIT fail with EFBIG (SIGXFSZ ignored)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (DISK_FULL_LIMIT, DISK_FULL_LIMIT))
 
 
 @pytest.mark.parametrize("row", sorted(ROWS))
@@ -66,7 +79,9 @@ def test_exit_code_row(tmp_path: Path, row: str) -> None:
     code, says = ROWS[row]
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "-n", "0",
                            "--report-dir", str(tmp_path / "reports"), *_args(row, tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limit_file_size if row == "disk-full" else None,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, f"{row}: exit {proc.returncode}\n{out[-3000:]}"
     assert says in out, out[-3000:]

@@ -7,6 +7,7 @@ import datetime as dt
 import os
 import platform
 
+from harness.report.failsafe import ReportsNotWritten, describe
 from harness.report.html import render_html
 from harness.report.schema import ResultsDocument, RunMeta, document_json, read_results
 from harness.verdicts import CaseResult
@@ -55,13 +56,21 @@ def write_reports(results: list[CaseResult], report_dir: str,
 
 
 def write_document(doc: ResultsDocument, report_dir: str) -> dict[str, str]:
-    """Write a results document as results.json and report.html; returns their paths."""
+    """Write a results document as results.json and report.html; returns their paths.
+    Each is tried even when the other fails; a failed write leaves no file and raises
+    ReportsNotWritten naming each path with its errno (a full disk, a size limit)."""
     os.makedirs(report_dir, exist_ok=True)
-    json_path = os.path.join(report_dir, "results.json")
-    write_atomically(json_path, document_json(doc))
-    html_path = os.path.join(report_dir, "report.html")
-    write_atomically(html_path, render_html(doc))
-    return {"json": json_path, "html": html_path}
+    paths = {"json": os.path.join(report_dir, "results.json"),
+             "html": os.path.join(report_dir, "report.html")}
+    failures = []
+    for kind, render in (("json", document_json), ("html", render_html)):
+        try:
+            write_atomically(paths[kind], render(doc))
+        except OSError as exc:
+            failures.append(describe(paths[kind], exc))
+    if failures:
+        raise ReportsNotWritten(failures)
+    return paths
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -9,6 +9,8 @@ import tempfile
 import uuid
 from types import TracebackType
 
+from harness import ownership
+
 
 class PrivateIpcDir:
     """A 0700 temp directory that hands out `ipc://` addresses and removes itself.
@@ -22,6 +24,7 @@ class PrivateIpcDir:
         self.path = tempfile.mkdtemp(prefix=prefix)
         os.chmod(self.path, 0o700)
         PrivateIpcDir.live.add(self.path)
+        ownership.record_dir(self.path)  # a later run removes it if this process dies
 
     def path_for(self, name: str) -> str:
         """A fresh filesystem path inside the directory (for raw unix listeners too)."""
@@ -31,8 +34,14 @@ class PrivateIpcDir:
         return "ipc://" + self.path_for(name)
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        PrivateIpcDir.live.discard(self.path)
+        PrivateIpcDir.remove(self.path)
+
+    @staticmethod
+    def remove(path: str) -> None:
+        """Remove one of the live dirs (also a backstop's way, after an interrupt)."""
+        shutil.rmtree(path, ignore_errors=True)
+        PrivateIpcDir.live.discard(path)
+        ownership.forget_dir(path)
 
     def __enter__(self) -> PrivateIpcDir:
         return self

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness import process_tree
+from harness import ownership, process_tree
 from harness.frontends.driver import (
     GREEDY,
     PASS_THROUGH_FIELDS,
@@ -70,8 +70,6 @@ KILL_VERIFY_S = 2.0
 # After the program exits, how long stdout may still deliver its last lines before the exit
 # itself is the fault (a child holding stdout open must not hide the exit).
 EXIT_DRAIN_S = 0.3
-# Leftovers are ended and the program's family scanned again this many times at most.
-LEFTOVER_ROUNDS = 3
 # The teardown note of a program that had to be terminated; the run summary adds up the
 # seconds (`stuck_seconds`).
 STUCK_NOTE = re.compile(r"driver (?:did not exit on `shutdown`|ignored|answered `shutdown` but)"
@@ -147,11 +145,15 @@ class SubprocessDriver(FrontendDriver):
     async def _spawn(self) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="cw-drv-")
         os.chmod(self._workdir.name, 0o700)
+        # Recorded where a later run finds them if this process dies before teardown.
+        ownership.record_dir(self._workdir.name)
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, limit=MAX_LINE + 2, start_new_session=True,
+            preexec_fn=process_tree.become_subreaper,  # orphans stay its descendants
             env={**os.environ, **self.timescale.child_env(), **(self.env or {}),
                  process_tree.TOKEN_VAR: self._token})
+        ownership.record_program(self._proc.pid, self._token)
         assert self._proc.stderr is not None
         self._tasks = [asyncio.create_task(self._read_stdout()),
                        asyncio.create_task(self._stderr.read_from(self._proc.stderr)),
@@ -483,6 +485,7 @@ class SubprocessDriver(FrontendDriver):
             if proc.returncode is None:
                 await self._stop_program(proc)
             await self._end_leftovers(proc.pid, seen)
+            ownership.forget_program(proc.pid, self._token)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -496,6 +499,7 @@ class SubprocessDriver(FrontendDriver):
                 transport.close()
         if self._workdir is not None:
             self._workdir.cleanup()
+            ownership.forget_dir(self._workdir.name)
             self._workdir = None
 
     async def _stop_program(self, proc: asyncio.subprocess.Process) -> None:
@@ -532,38 +536,44 @@ class SubprocessDriver(FrontendDriver):
     async def _end_leftovers(self, pid: int, seen: dict[int, process_tree.ProcessInfo]
                              ) -> None:
         """Processes the program left (its children in its group, daemons that called
-        setsid(), their children): SIGTERM, SIGKILL, then a fresh scan verifies that none
-        is left (one that spawned more while dying gets LEFTOVER_ROUNDS tries); noted on
-        the case."""
-        ended: list[int] = []
-        outside: list[int] = []
-        survivors: list[int] = []
-        killed = 0
-        seconds = 0.0
+        setsid(), their children): SIGTERM, then SIGKILL; a fresh scan then finds what came
+        back (a daemon that answers SIGTERM with a new copy of itself, in a new session,
+        re-exec'd), which is stopped, scanned again and killed (process_tree.stop_and_kill);
+        a last scan verifies that none is left. Noted on the case."""
+        grace = self.scaled(TERM_GRACE_S)
         left = {p: info for p, info in {**seen, **process_tree.family(pid, self._token)
                                         }.items() if p != pid}
-        for _ in range(LEFTOVER_ROUNDS):
-            if not left:
-                break
-            ending = await process_tree.end_all(left.values(), self.scaled(TERM_GRACE_S))
-            found = ending.terminated + ending.killed + ending.survivors
-            ended += found
-            outside += [p for p in found if left[p].sid != pid]
-            killed += len(ending.killed)
-            survivors += ending.survivors
-            seconds += ending.seconds
-            left = {p: info for p, info in process_tree.family(pid, self._token).items()
-                    if p != pid and p not in ended}
-        if left:
-            survivors += sorted(left)
-        if not ended and not survivors:
+        if not left:
             return  # everything had already gone with the program
+        first = await process_tree.end_all(left.values(), grace)
+        ended = first.terminated + first.killed + first.survivors
+        killed = len(first.killed)
+        seconds = first.seconds
+
+        def rest() -> list[process_tree.ProcessInfo]:
+            found = [info for p, info in process_tree.family(pid, self._token).items()
+                     if p != pid]
+            left.update((info.pid, info) for info in found)
+            return found
+
+        respawned: list[int] = []
+        survivors: list[int] = []
+        if rest():  # came back, or would not go
+            second = await process_tree.stop_and_kill(rest, grace)
+            respawned = [p for p in second.killed + second.survivors if p not in ended]
+            survivors = second.survivors
+            seconds += second.seconds
+            ended += respawned
+        survivors = sorted(set(survivors) | {info.pid for info in rest()})
+        outside = [p for p in ended if left[p].sid != pid]
         self.leftovers.append(
             f"driver left {len(ended)} process(es) behind (pids {sorted(ended)}"
             + (f"; {sorted(outside)} had left its session" if outside else "")
-            + f"): {len(ended) - killed - len(survivors)} ended by SIGTERM, {killed} by "
-            f"SIGKILL in {seconds:.1f} s"
-            + (f"; STILL RUNNING: {sorted(set(survivors))}" if survivors else ""))
+            + f"): {len(first.terminated)} ended by SIGTERM, {killed} by SIGKILL in "
+            f"{seconds:.1f} s"
+            + (f"; {len(respawned)} more started while they were ended ({sorted(respawned)}"
+               f"): stopped (SIGSTOP) and killed" if respawned else "")
+            + (f"; STILL RUNNING: {survivors}" if survivors else ""))
 
     def teardown_notes(self) -> list[str]:
         return list(self.leftovers)

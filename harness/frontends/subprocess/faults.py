@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,8 +68,7 @@ def release_ipc_dirs() -> None:
     """Remove the private ipc dirs the driver still holds (a graceful shutdown has already
     removed them; an abrupt exit must not leave them behind)."""
     for path in sorted(PrivateIpcDir.live):
-        shutil.rmtree(path, ignore_errors=True)
-        PrivateIpcDir.live.discard(path)
+        PrivateIpcDir.remove(path)
 
 
 def exit_now(code: int) -> NoReturn:
