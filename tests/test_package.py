@@ -312,12 +312,14 @@ def test_an_unrelated_suite_runs_as_if_corewire_were_absent(installed: Installed
     assert sorted(p.name for p in reports.iterdir()) == ["junit.xml", "report.html",
                                                           "results.json"]
     assert {(reports / n).read_text() for n in ("results.json", "junit.xml")} == {"theirs"}
+    assert {p.name for p in suite.iterdir()} <= {"test_unrelated.py", "reports", "__pycache__"}
     # An empty session is pytest's own exit 5, with no corewire summary line either.
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = installed.run([str(installed.bin / "pytest"), "-p", "no:cacheprovider"], cwd=empty)
     assert proc.returncode == 5, proc.stdout[-2000:]
     assert "corewire" not in "\n".join(_normalized(proc.stdout)) + proc.stderr
+    assert not list(empty.iterdir())  # no report dir, nothing written
 
 
 # ------------------------------------------------------------------ README's CI recipes
