@@ -46,11 +46,13 @@ INSTALL_TIMEOUT = 600  # a fresh venv and the dependencies (matplotlib, grpcio .
 RUN_TIMEOUT = 300
 # pytest-timeout counts fixture setup: the test that builds and installs needs both bounds.
 INSTALLED_TEST_TIMEOUT = BUILD_TIMEOUT + INSTALL_TIMEOUT + 2 * RUN_TIMEOUT
-# The driver program the recipes run against until the example port exists.
-# TODO(example port): switch to the example port once fixtures/example_port/driver.py lands:
-# copy it into the recipe's directory (the port's repository) and leave COREWIRE_FRONTEND
-# at the recipe's own default, "subprocess:python driver.py".
-RECIPE_FRONTEND = "subprocess:python -m harness.frontends.subprocess.program"
+# The port the recipes gate: the example port (a standalone driver program, pyzmq and
+# msgspec only), copied into the recipe's directory as the port's repository and run by
+# the recipe's own COREWIRE_FRONTEND ("subprocess:python driver.py").
+EXAMPLE_PORT = ROOT / "fixtures" / "example_port" / "driver.py"
+# TODO(example port): drop this fallback once fixtures/example_port/driver.py is on this
+# branch (it is on main): until then the recipes run the reference driver program.
+FALLBACK_FRONTEND = "subprocess:python -m harness.frontends.subprocess.program"
 RECIPE_BEGIN = "# corewire-recipe: begin"
 RECIPE_END = "# corewire-recipe: end"
 
@@ -325,27 +327,37 @@ def test_an_unrelated_suite_runs_as_if_corewire_were_absent(installed: Installed
 # ------------------------------------------------------------------ README's CI recipes
 
 
-def recipes() -> dict[str, str]:
-    """README's CI recipes: their shell steps (between the corewire-recipe markers),
-    by CI system, as bash would run them."""
-    found: dict[str, str] = {}
+@dataclass(frozen=True)
+class Recipe:
+    steps: str  # the shell lines between the corewire-recipe markers, as bash runs them
+    variables: dict[str, str]  # the COREWIRE_* defaults the recipe declares
+
+
+def recipes() -> dict[str, Recipe]:
+    """README's CI recipes, by CI system."""
+    found: dict[str, Recipe] = {}
     for block in re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S):
         if RECIPE_BEGIN not in block:
             continue
         system = "github" if "runs-on:" in block else "gitlab" if "script:" in block else "?"
         body = block.split(RECIPE_BEGIN, 1)[1].split(RECIPE_END, 1)[0]
         lines = [line.strip() for line in body.strip().splitlines()]
-        found[system] = "\n".join(line[2:] if line.startswith("- ") else line
-                                  for line in lines if line)
+        steps = "\n".join(line[2:] if line.startswith("- ") else line for line in lines if line)
+        variables = dict(re.findall(r'^\s+(COREWIRE_\w+): "(.*)"$', block, re.M))
+        found[system] = Recipe(steps, variables)
     return found
 
 
 def test_both_recipes_are_found_and_install_a_package() -> None:
     found = recipes()
     assert sorted(found) == ["github", "gitlab"]
-    for steps in found.values():
-        assert 'pip install "$COREWIRE_SPEC"' in steps and "corewire run" in steps
-        assert "make " not in steps and ".venv/" not in steps  # not inside corewire's checkout
+    for recipe in found.values():
+        assert 'pip install "$COREWIRE_SPEC"' in recipe.steps
+        assert "corewire run" in recipe.steps
+        # Not inside corewire's checkout: no make, no checkout venv.
+        assert "make " not in recipe.steps and ".venv/" not in recipe.steps
+        assert set(recipe.variables) == {"COREWIRE_SPEC", "COREWIRE_FRONTEND", "COREWIRE_ARGS"}
+        assert recipe.variables["COREWIRE_FRONTEND"] == "subprocess:python driver.py"
 
 
 @pytest.mark.package
@@ -354,13 +366,18 @@ def test_both_recipes_are_found_and_install_a_package() -> None:
 def test_the_ci_recipe_gates_a_port_from_its_own_repository(installed: Installed,
                                                             tmp_path: Path,
                                                             system: str) -> None:
-    """The recipe's shell steps, as the CI would run them in the port's checkout (an empty
-    directory here), installing the wheel built from this checkout (COREWIRE_SPEC)."""
-    steps = recipes()[system]
+    """The recipe's shell steps, as the CI would run them in the port's checkout (a
+    directory holding the example port's driver.py), installing the wheel built from this
+    checkout (COREWIRE_SPEC) and running the recipe's own COREWIRE_FRONTEND."""
+    recipe = recipes()[system]
+    frontend = recipe.variables["COREWIRE_FRONTEND"]
+    if EXAMPLE_PORT.is_file():
+        shutil.copy(EXAMPLE_PORT, tmp_path / "driver.py")
+    else:
+        frontend = FALLBACK_FRONTEND
     env = {**installed.env(), "COREWIRE_SPEC": str(installed.wheel),
-           "COREWIRE_FRONTEND": RECIPE_FRONTEND,
-           "COREWIRE_ARGS": "-k abort.drop.single -n 0"}
-    proc = subprocess.run(["bash", "-eu", "-o", "pipefail", "-c", steps], cwd=tmp_path,
+           "COREWIRE_FRONTEND": frontend, "COREWIRE_ARGS": "-k abort.drop.single -n 0"}
+    proc = subprocess.run(["bash", "-eu", "-o", "pipefail", "-c", recipe.steps], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     _check(proc, f"the {system} recipe")
     report_dir = tmp_path / "corewire-reports"
