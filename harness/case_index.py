@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 from harness.grounds import ALLOWED_LEVELS, Impl
+from harness.locations import IMPORT_ROOT
 from harness.verdicts import CaseSpec
 from harness.vllm_sources import SourceTree
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = IMPORT_ROOT
 
 
 def case_specs(root: Path = ROOT, package: str = "conformance",

@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
+from harness.locations import IMPORT_ROOT, RUN_INI, MissingInstallError, require_cases_dir
 from harness.timing import DEFAULT, Timescale, TimescaleError
-
-CONFORMANCE_DIR = Path(__file__).resolve().parent.parent / "conformance"
-
 
 USAGE_ERROR = 4  # pytest's code for a usage error; `run` passes pytest's codes through
 
@@ -47,7 +44,14 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
             raise PermissionError(f"cannot write to {args.report_dir}")
     except OSError as exc:
         raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
-    argv = [str(CONFORMANCE_DIR), "-p", "no:cacheprovider", "-q",
+    try:
+        cases = require_cases_dir()
+    except MissingInstallError as exc:
+        raise UsageError(str(exc)) from None
+    # The installed (or checked-out) cases, wherever `corewire run` is run from, under
+    # corewire's own pytest configuration (harness/corewire_run.ini), not the cwd's.
+    argv = [str(cases), "-c", str(RUN_INI), "--rootdir", str(IMPORT_ROOT),
+            "-p", "no:cacheprovider", "-q",
             "--report-dir", args.report_dir,
             f"--junitxml={os.path.join(args.report_dir, 'junit.xml')}",
             "-o", "junit_family=xunit2", "-o", "junit_logging=system-out",

@@ -12,6 +12,10 @@
 * The run's state (options read once, results, failing items) is one CorewireSession on
   the pytest config (harness/session.py); the time scale is a value handed to every case
   and driver, never written into the environment.
+* Installed, the plugin is loaded into every pytest session of the virtualenv (entry point
+  `corewire`), so it acts only in a session that asks for corewire (a corewire option or a
+  path into the cases: `selection.corewire_requested`); any other session has no CorewireSession
+  and every hook below returns at once. `pytest --frontend X` with no path runs the cases.
 """
 
 from __future__ import annotations
@@ -57,7 +61,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "frontend picks each item's shard; `corewire merge` joins them")
 
 
+# Warnings of the libraries under the cases, filtered in every corewire session (a checkout's
+# pyproject.toml has them too, for corewire's own tests).
+WARNING_FILTERS = ("ignore::DeprecationWarning:zmq.*", "ignore::DeprecationWarning:torch.*")
+
+
+def _session(config: pytest.Config) -> CorewireSession | None:
+    """This session's corewire state; None in a session that did not ask for corewire."""
+    return config.stash.get(SESSION, None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not selection.corewire_requested(config):
+        return
+    selection.point_at_cases(config)
+    for line in WARNING_FILTERS:
+        config.addinivalue_line("filterwarnings", line)
     for area in AREAS:
         config.addinivalue_line("markers", f"{area}: conformance cases of area {area}")
     for level in ("must", "should", "info"):
@@ -166,7 +185,8 @@ def _frontends(config: pytest.Config) -> list[str]:
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
                               obj: Any) -> list[pytest.Item] | None:
     spec: CaseSpec | None = getattr(obj, "__corewire_case__", None)
-    if spec is None or not isinstance(collector, pytest.Module):
+    if spec is None or not isinstance(collector, pytest.Module) \
+            or _session(collector.config) is None:
         return None
     items: list[pytest.Item] = []
     frontends = selection.wire_frontends(collector.config)
@@ -227,7 +247,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session_of(session.config).clear()
+    run = _session(session.config)
+    if run is None:
+        return
+    run.clear()
     interrupts.install()
     if not _is_worker(session.config):
         from harness import ownership
@@ -240,18 +263,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    run = _session(config)
+    if run is None:
+        return
     interrupts.restore()
     lock = config.stash.get(REPORT_DIR_LOCK, None)
     if lock is not None:
         lock.release()
-    run = config.stash.get(SESSION, None)
-    if run is not None and config.pluginmanager.is_registered(run):
+    if config.pluginmanager.is_registered(run):
         config.pluginmanager.unregister(run)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodeready(node: Any) -> None:
     """An xdist worker: it gets the controller's first interrupt at once."""
+    if _session(node.config) is None:
+        return
     # No pid known: execnet itself interrupts the worker on teardown (after 5 s).
     with contextlib.suppress(Exception):
         interrupts.add_worker(int(node.gateway._rinfo().pid))
@@ -268,6 +295,8 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config) -> None:
+    if _session(config) is None:
+        return
     selection.deselect_by_keyword(items, config)
     shard.deselect_other_shards(items, config)
 
@@ -281,6 +310,8 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if _session(session.config) is None:
+        return
     selection.restore_keyword(session.config)
 
 
@@ -313,13 +344,15 @@ def _is_worker(config: pytest.Config) -> bool:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    run = _session(config)
+    if run is None:
+        return
     _remove_leftover_ipc_dirs()
     if _is_worker(config):
         return
     from harness import ownership
     from harness.report.failsafe import REPORTS_NOT_WRITTEN
 
-    run = session_of(config)
     try:
         _write_report_set(session, exitstatus, run)
     finally:
@@ -392,7 +425,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                             ) -> None:
     """One line per non-PASS verdict (and per case failing the run through its baseline),
     then where the evidence is."""
-    run = config.stash.get(SESSION, None)
+    run = _session(config)
     if run is None or run.worker:
         return
     results, partial = run.results, run.partial
@@ -404,8 +437,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                                         f"selection's {selected} items; its empty report "
                                         f"is written for `corewire merge`")
         elif exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-            terminalreporter.write_line("corewire: no case ran (exit 5): the selection "
-                                        "matched no case")
+            terminalreporter.write_line(f"corewire: no case ran (exit 5): "
+                                        f"{selection.why_no_case(config)}")
         if run.not_written:
             _not_written_lines(terminalreporter, run.not_written)
         return

@@ -14,21 +14,33 @@ be checked with ``pytest --replay reports/stateful/<file>.json``:
 * Without path arguments, ``--replay`` runs only the replay items (the configured
   testpaths are deselected); with paths, both run.
 
-Loading this plugin registers the hypothesis profile "nightly" (5000 examples) at
-configure time, before hypothesis's own plugin reads ``--hypothesis-profile``, so
-``pytest --hypothesis-profile=nightly`` selects it (entry point
-``corewire_replay = "harness.replay_plugin"``, or ``-p harness.replay_plugin``).
+``pytest --hypothesis-profile=nightly`` makes this plugin register the hypothesis profile
+"nightly" (5000 examples) at configure time, before hypothesis's own plugin reads the
+option (entry point ``corewire_replay = "harness.replay_plugin"``, or ``-p
+harness.replay_plugin``); a "nightly" profile the session registered itself is left alone.
 To keep a replay as a regression case: ``python -m harness.stateful promote FILE``.
+
+hypothesis is a development dependency: this plugin is loaded into every pytest session
+of a virtualenv where corewire is installed, so it imports `harness.stateful` (hence
+hypothesis) only when ``--replay`` or that profile is asked for.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from harness import stateful
+NIGHTLY = "nightly"  # harness.stateful.settings.NIGHTLY, named here without importing it
+
+
+def _stateful() -> ModuleType:
+    """harness.stateful, imported when a replay runs (it needs hypothesis)."""
+    from harness import stateful
+
+    return stateful
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,8 +54,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the "nightly" profile before hypothesis's plugin loads the one asked for."""
-    stateful.register_profiles()
+    """Register the "nightly" profile before hypothesis's plugin loads the one asked for
+    (the option exists only where hypothesis's plugin is loaded)."""
+    if config.getoption("hypothesis_profile", None) != NIGHTLY:
+        return
+    import hypothesis
+
+    try:
+        hypothesis.settings.get_profile(NIGHTLY)
+    except hypothesis.errors.InvalidArgument:
+        from harness.stateful.settings import register_profiles
+
+        register_profiles()
 
 
 class ReplayItem(pytest.Item):
@@ -55,6 +77,7 @@ class ReplayItem(pytest.Item):
         self.core_spec = core_spec
 
     def runtest(self) -> None:
+        stateful = _stateful()
         spec = self.core_spec
         if spec == "recorded":
             spec = str(stateful.load_replay(self.replay_path).get("core") or "reference")
@@ -63,6 +86,7 @@ class ReplayItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str:
         exc = excinfo.value
+        stateful = _stateful()
         if not isinstance(exc, stateful.InvariantViolation):
             return str(super().repr_failure(excinfo, style))
         lines = [f"replay {self.replay_path} against {self.core_spec}: {exc}",

@@ -3,6 +3,11 @@
 * `--frontend kv:NAME` / `ec:NAME` name a component under test, not a frontend: wire cases
   never run against them, and component cases run only when components are asked for
   (such a spec, `-m` naming `components`, or a path into `conformance/components`).
+* The plugin acts only in a session that asks for corewire (`corewire_requested`): a
+  corewire option given, or a path into the cases. Any other pytest session in a
+  virtualenv where corewire is installed runs as if the plugin were absent.
+* A session that asks for corewire by option but names no path (`pytest --frontend X`)
+  runs corewire's cases, the checked-out or installed ones (`point_at_cases`).
 * `-k` selects cases by their own names (case id, function, module, area and level
   markers), never because the frontend in `[...]` contains the word: `-k abort` with
   `--frontend mutant:duplicate_abort` selects the abort cases, not every case. A `-k` word
@@ -11,6 +16,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -20,8 +26,84 @@ from _pytest.mark import KeywordMatcher
 from _pytest.mark.expression import Expression
 
 from harness.frontends.registry import COMPONENT_KINDS, FrontendSpec, parse_spec
+from harness.locations import (
+    MissingInstallError,
+    cases_dir,
+    is_installed_layout,
+    require_cases_dir,
+)
 
-COMPONENTS_DIR = Path(__file__).resolve().parent.parent / "conformance" / "components"
+COMPONENTS_DIR = cases_dir() / "components"
+# Each corewire option and the value it has when not given (pytest_addoption's defaults).
+OPTION_DEFAULTS: dict[str, object] = {
+    "frontend": [], "timescale": None, "report_dir": "reports", "baseline": None,
+    "profile": None, "update_baseline": False, "shard": None}
+
+
+def _options_given(config: pytest.Config) -> bool:
+    return any(config.getoption(name, default) != default
+               for name, default in OPTION_DEFAULTS.items())
+
+
+def _arg_paths(config: pytest.Config) -> list[Path]:
+    """The session's path arguments as absolute paths (node ids cut at `::`; a --pyargs
+    module name found without importing it where possible)."""
+    paths: list[Path] = []
+    for arg in config.args:
+        head = arg.split("::", 1)[0]
+        path = Path(head)
+        if config.option.pyargs and not path.exists():
+            try:
+                spec = importlib.util.find_spec(head)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                path = Path(next(iter(spec.submodule_search_locations)))
+            elif spec is not None and spec.origin:
+                path = Path(spec.origin)
+        paths.append(path.resolve())
+    return paths
+
+
+def _reaches_cases(config: pytest.Config) -> bool:
+    """A path argument inside the cases (or, in a checkout, a directory holding them)."""
+    cases = cases_dir().resolve()
+    for path in _arg_paths(config):
+        if path == cases or cases in path.parents:
+            return True
+        # An installed corewire's cases sit in site-packages, which pytest does not
+        # collect from a directory above it (a virtualenv): only a checkout's count.
+        if not is_installed_layout() and path in cases.parents:
+            return True
+    return False
+
+
+def corewire_requested(config: pytest.Config) -> bool:
+    """Whether this session is corewire's: a corewire option given (`--frontend`,
+    `--report-dir`, ...) or a path into the cases. Otherwise the plugin stays out of the
+    way: no markers, no signal handlers, no report dir cleared or written, no output."""
+    return _options_given(config) or _reaches_cases(config)
+
+
+def why_no_case(config: pytest.Config) -> str:
+    """The cause of an empty corewire session, for its one summary line."""
+    if not _reaches_cases(config):
+        return (f"no path given reaches corewire's cases ({cases_dir()}); name none to "
+                f"run them")
+    return "the selection matched no case"
+
+
+def point_at_cases(config: pytest.Config) -> None:
+    """`pytest --frontend X` with no path on the command line (pytest would search the
+    current directory or the configured testpaths) runs corewire's cases instead, so a
+    port's CI needs no path into site-packages. Named paths are left alone."""
+    if config.args_source is pytest.Config.ArgsSource.ARGS or not _options_given(config) \
+            or _reaches_cases(config):
+        return
+    try:
+        config.args = [str(require_cases_dir())]
+    except MissingInstallError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _specs(config: pytest.Config) -> list[FrontendSpec]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.locations import IMPORT_ROOT
+
+REPO = IMPORT_ROOT  # args are recorded relative to it (conformance/...), so machines agree
 
 
 class ShardSpecError(ValueError):

@@ -21,12 +21,12 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.locations import fixture
+
 VLLM_VERSION = "0.33.0"
 WHEEL_MEMBER = "vllm/vllm-rs"
 ENV_BINARY = "COREWIRE_VLLM_RS"
 ENV_CACHE = "COREWIRE_CACHE"
-
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class VllmArtifactError(RuntimeError):
@@ -71,11 +71,12 @@ def cache_dir() -> Path:
 def tiny_model_dir() -> Path:
     """The checked-in weightless model directory (fixtures/tiny-model) that both real frontends
     load for config and tokenizer, so nothing is downloaded at run time."""
-    path = _REPO_ROOT / "fixtures" / "tiny-model"
+    path = fixture("tiny-model")
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
         raise VllmArtifactError(
-            f"tiny model fixture missing at {path}; regenerate it with "
-            "'python scripts/make_tiny_model.py' (the harness must run from a source checkout)"
+            f"tiny model fixture missing at {path}: reinstall corewire (its wheel carries "
+            "the fixtures), or in a checkout regenerate it with "
+            "'python scripts/make_tiny_model.py'"
         )
     return path
 
@@ -85,10 +86,10 @@ def tiny_lora_dir() -> Path:
     LoRA case asks a frontend to load, and the only one the vllm-rs driver allows its binary to
     load from (VLLM_RUNTIME_LORA_ALLOWED_PATH_PREFIXES). Canonical, because vllm-rs sends the
     canonical path to the engines."""
-    path = (_REPO_ROOT / "fixtures" / "tiny-lora").resolve()
+    path = fixture("tiny-lora").resolve()
     if not (path / "adapter_config.json").is_file():
-        raise VllmArtifactError(f"LoRA adapter fixture missing at {path} (the harness must run "
-                                "from a source checkout)")
+        raise VllmArtifactError(f"LoRA adapter fixture missing at {path}: reinstall corewire "
+                                "(its wheel carries the fixtures)")
     return path
 
 

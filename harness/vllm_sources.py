@@ -17,9 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.grounds import WINDOW, Cite
-from harness.vllm_dist import _REPO_ROOT, VllmArtifactError, _locked, cache_dir
+from harness.locations import fixture
+from harness.vllm_dist import VllmArtifactError, _locked, cache_dir
 
-PROFILE = _REPO_ROOT / "fixtures" / "profiles" / "vllm-0.33.0.json"
+PROFILE = fixture("profiles", "vllm-0.33.0.json")
 PYPI_RELEASE_JSON = "https://pypi.org/pypi/vllm/{version}/json"
 _SPACE = re.compile(r"\s+")
 

@@ -129,8 +129,9 @@ class _Configs:
 def _run(pytester: pytest.Pytester, *args: str) -> tuple[pytest.Config, dict[str, object]]:
     configs = _Configs()
     reports = pytester.path / f"reports-{len(list(pytester.path.glob('reports-*')))}"
-    pytester.inline_run("-p", "no:cacheprovider", "--report-dir", str(reports), *args,
-                        plugins=[configs])
+    # The path is named: `pytest --report-dir X` with none would run corewire's own cases.
+    pytester.inline_run(str(pytester.path), "-p", "no:cacheprovider", "--report-dir",
+                        str(reports), *args, plugins=[configs])
     doc = json.loads((reports / "results.json").read_text())
     return configs.seen[-1], doc
 

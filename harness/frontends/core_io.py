@@ -17,10 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from harness.frontends.driver import FrontendError
-from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, Send
+
+if TYPE_CHECKING:  # annotations only: reference/frontend.py imports this module, and
+    # importing reference.core runs reference/__init__, which imports frontend.py: a cycle
+    # when this module is imported first (tests/test_core_io.py run on its own).
+    from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, Send
 
 
 class Waiter(Protocol):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
+from harness.locations import IMPORT_ROOT
 from harness.verdicts import CaseResult
 
 SYSTEM_OUT_CAP = 8 * 1024  # characters of evidence per case
 RECORD_CHARS = 300  # per transcript record shown
-REPO_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+REPO_ROOT = str(IMPORT_ROOT)  # the checkout root, or site-packages when installed
 
 
 def evidence_text(result: CaseResult, report_dir: str) -> str:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.grounds import Basis, Impl
+from harness.locations import IMPORT_ROOT
 from harness.verdicts import CaseSpec
 
-REPO = str(Path(__file__).resolve().parents[2]) + "/"  # requirement texts name fixtures
+REPO = str(IMPORT_ROOT) + "/"  # requirement texts name fixtures
 RELEASE = re.compile(r"\d+\.\d+\.\d+")
 LEVEL_WORD = {"MUST": "MUST", "SHOULD": "SHOULD", "INFO": "MAY (recorded, not judged)"}
 BASIS_TEXT = {

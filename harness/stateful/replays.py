@@ -21,6 +21,7 @@ import hypothesis
 
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
+from harness.locations import fixture
 from harness.stateful.invariants import INVARIANTS, InvariantViolation
 from harness.stateful.machine import RULES, FrontendMachine
 from harness.stateful.worlds import TRANSPORTS
@@ -29,7 +30,7 @@ from mock_engines.transcript import Record
 REPLAY_FORMAT = "corewire-stateful-replay/1"
 STATEFUL_DIR_ENV = "COREWIRE_STATEFUL_DIR"
 DEFAULT_REPLAY_DIR = Path("reports") / "stateful"
-REGRESSIONS_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "regressions"
+REGRESSIONS_DIR = fixture("regressions")
 
 
 def replay_dir(directory: str | os.PathLike[str] | None = None) -> Path:

@@ -25,9 +25,10 @@ from typing import Any
 
 import msgspec
 
+from harness.locations import fixture
 from harness.wire import messages as m
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "fixtures" / "profiles"
+PROFILE_DIR = fixture("profiles")
 DEFAULT_PROFILE_NAME = "vllm-0.33"
 
 # The structs whose positions matter (array_like), by the name vLLM gives them.

@@ -36,8 +36,9 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
+
+from harness.locations import IMPORT_ROOT
 
 Mode = Literal["cpu-stub", "gpu"]
 MODES: tuple[Mode, ...] = ("cpu-stub", "gpu")
@@ -48,7 +49,7 @@ ENV_GPU_MEMORY_UTILIZATION = "COREWIRE_GPU_MEMORY_UTILIZATION"
 SERVER_START_TIMEOUT = 180.0  # importing vLLM + torch on a slow 2-core box
 CONTROL_TIMEOUT = 10.0  # an answer from the server to one control message
 LOG_TAIL_BYTES = 4000
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = IMPORT_ROOT  # the server imports harness and mock_engines from here
 # Not `-m`: that would import the server module twice (as the package's and as __main__).
 _SERVER_MAIN = ("import sys; from mock_engines.vllm_core.server_process import main; "
                 "sys.exit(main(sys.argv[1:]))")
