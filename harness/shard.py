@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from harness import selection
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -107,7 +109,7 @@ def selection_meta(config: pytest.Config) -> dict[str, Any]:
         if absolute == str(REPO) or absolute.startswith(str(REPO) + os.sep):
             path = os.path.relpath(absolute, REPO)
         args.append(path + sep + rest)
-    meta: dict[str, Any] = {"frontends": sorted(config.getoption("frontend")) or ["reference"],
+    meta: dict[str, Any] = {"frontends": selection.frontend_names(config),
                             "keyword": str(keyword or ""),
                             "markexpr": str(config.getoption("markexpr") or ""),
                             "args": sorted(args)}
