@@ -193,8 +193,8 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
     except Exception as exc:  # every outcome class names its verdict: harness/grading.py
         grade = grade_of(exc)
         verdict = verdict_for(grade, spec.level)
-        message = (_case_timeout_message(ctx, exc) if grade.case_bound
-                   else message_for(grade, exc))
+        message = (_case_timeout_message(ctx, exc, _file_of(fn))
+                   if grade.case_bound else message_for(grade, exc))
         if exc is ctx.start_error and verdict in (Verdict.ERROR, Verdict.TIMEOUT) \
                 and _not_launched(driver, exc):
             ctx.start_attempt.failure = message  # the frontend never came up (failfast)
@@ -245,6 +245,11 @@ def _not_launched(driver: FrontendDriver, exc: BaseException) -> bool:
     if isinstance(launched, bool):
         return not launched
     return grade_of(exc) is GRADES[Exception]
+
+
+def _file_of(fn: CaseFn) -> str:
+    code = getattr(fn, "__code__", None)
+    return code.co_filename if code is not None else ""
 
 
 class CaseBoundExpired(TimeoutError):
@@ -299,28 +304,32 @@ def awaiting(task: asyncio.Task[Any]) -> str:
     case_frames = [f for f in frames if "conformance" in Path(f.f_code.co_filename).parts]
     outer = case_frames[-1] if case_frames else frames[0]
     text = _site(outer.f_code.co_filename, outer.f_lineno, outer.f_code.co_name)
-    inner = frames[-1]
+    ours = [f for f in frames if f.f_code.co_filename.startswith(str(ROOT))]
+    inner = ours[-1] if ours else frames[-1]  # not asyncio's own frames
     if inner is not outer:
         text += (" -> " + _site(inner.f_code.co_filename, inner.f_lineno,
                                 inner.f_code.co_name))
     return text
 
 
-def _timeout_site(exc: BaseException) -> str:
-    """Where a wait inside the case timed out: the case's own frame and the innermost."""
+def _timeout_site(exc: BaseException, case_file: str) -> str:
+    """Where a wait inside the case timed out: the case's own frame (in `case_file` or a
+    suite file) and the innermost frame of ours."""
     stack = traceback.extract_tb(exc.__traceback__)
     if not stack:
         return ""
-    case_frames = [f for f in stack if "conformance" in Path(f.filename).parts]
+    case_frames = [f for f in stack
+                   if f.filename == case_file or "conformance" in Path(f.filename).parts]
     outer = case_frames[-1] if case_frames else stack[0]
     text = _site(outer.filename, outer.lineno or 0, outer.name)
-    inner = stack[-1]
+    ours = [f for f in stack if f.filename.startswith(str(ROOT))]
+    inner = ours[-1] if ours else stack[-1]  # not asyncio's own frames
     if inner is not outer:
         text += " -> " + _site(inner.filename, inner.lineno or 0, inner.name)
     return text
 
 
-def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
+def _case_timeout_message(ctx: CaseContext, exc: BaseException, case_file: str) -> str:
     """What the case was waiting for when it timed out (its bound, or a wait of its own
     that ran out first) and the driver commands left unanswered; the evidence says it too."""
     bound = f"{ctx.t(ctx.spec.timeout):.1f} s"
@@ -328,7 +337,7 @@ def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
         message = f"no outcome within the case bound ({exc})"
         observed = str(exc).split("; awaiting ", 1)[1] if "; awaiting " in str(exc) else ""
     else:
-        site = _timeout_site(exc)
+        site = _timeout_site(exc, case_file)
         detail = f": {exc}" if str(exc) else ""
         message = f"a wait of the case timed out{detail}" + (f" at {site}" if site else "")
         observed = site
@@ -336,8 +345,11 @@ def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
     if waiting:
         message += f"; no reply to {', '.join(waiting)}"
     if not ctx.evidence.expected and not ctx.evidence.observed:
-        ctx.evidence.expected = f"an outcome within the case bound ({bound})"
-        ctx.evidence.observed = ("still awaiting " + (observed or "an unnamed wait")
+        bounded = isinstance(exc, CaseBoundExpired)
+        ctx.evidence.expected = (f"an outcome within the case bound ({bound})" if bounded
+                                 else "what the case awaited, within that wait's bound")
+        ctx.evidence.observed = (("still awaiting " if bounded else "the wait ran out: ")
+                                 + (observed or "(no frame of the case found)")
                                  + (f"; driver commands unanswered: {', '.join(waiting)}"
                                     if waiting else ""))
     return message

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness.failfast import Stop, cause_key
-from harness.verdicts import CaseResult, Verdict
+from harness.verdicts import AREAS, CaseResult, Verdict
 
 REASON_CHARS = 160
 FRONTEND_LINES = 12  # a per-frontend count line each, up to this many frontends
@@ -107,7 +107,7 @@ def summary_lines(run: SummaryInput) -> list[str]:
         members = classes.get(label, [])
         if not members:
             continue
-        areas = _counts(Counter(area_of(r) for r in members), ())
+        areas = _counts(Counter(area_of(r) for r in members), AREAS)
         if label == "NOT-RUN":
             lines.append(f"{label} {len(members)}: {areas} (their frontend was stopped: "
                          f"STOPPED below)")
@@ -141,7 +141,7 @@ def _pytest_line(rows: Sequence[CaseResult], failing: Mapping[str, str]) -> str:
 
 def _listed(label: str, members: Sequence[CaseResult], run: SummaryInput) -> list[str]:
     """The header of one class, then one line per item (start failures folded)."""
-    areas = _counts(Counter(area_of(r) for r in members), ())
+    areas = _counts(Counter(area_of(r) for r in members), AREAS)
     out = [f"{label} {len(members)}: {areas}"]
     stopped = {stop.frontend: cause_key(stop.cause) for stop in run.stops}
     folded: Counter[str] = Counter()

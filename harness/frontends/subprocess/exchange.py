@@ -15,7 +15,7 @@ from typing import Any
 
 HEAD = 40
 TAIL = 160
-LINE_CHARS = 400
+LINE_CHARS = 1000
 TO_DRIVER = "in"  # corewire -> driver program (stdin), as an engine's "in" is what it reads
 FROM_DRIVER = "out"  # driver program -> corewire (stdout)
 
