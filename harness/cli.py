@@ -176,7 +176,7 @@ def _merge(args: argparse.Namespace) -> int:
         merged = merge_runs(args.dirs, args.report_dir, baseline)
     except MergeError as exc:
         raise UsageError(str(exc)) from None
-    print("\n".join(summary_lines(merged)))
+    print("\n".join(summary_lines(merged, args.verbose)))
     return merged.exit_code
 
 
@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--baseline",
                        help="re-grade the merged verdicts against this baseline (default: "
                             "as each shard graded them)")
+    merge.add_argument("-v", "--verbose", action="store_true",
+                       help="list every non-PASS item, not only those failing the run")
     prof = sub.add_parser("profiles", help="list the protocol profiles (one per vLLM release)")
     prof.add_argument("--json", action="store_true", help="machine-readable")
     bench = sub.add_parser("bench", help="measure frontends under load (mock engines as a "
