@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from harness.timing import DEFAULT, Timescale, TimescaleError
 
@@ -304,6 +304,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad arguments; 2 is `interrupted` here (docs/cli.md), so a bad
     argument is the usage error it is: one line on stderr, exit 4."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)  # help ends with defaults
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
@@ -316,9 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
     parser = _Parser(prog="corewire", description=__doc__, formatter_class=_HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True,
-                                parser_class=lambda **kw: _Parser(formatter_class=_HelpFormatter,
-                                                                  **kw))
+    sub = parser.add_subparsers(dest="command", required=True)  # _Parser's, like the top
     run = sub.add_parser("run", help="run the conformance suites",
                          description="Run the conformance suites against each "
                                      "--frontend.\nExit codes (docs/cli.md): 0 pass, 1 "
