@@ -372,7 +372,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write_reports(results, report_dir, run.profile, partial, run_meta)
     write_junit(results, report_dir, run.failing_by_name(), run.outside,
                 {"frontends": " ".join(sorted({r.frontend for r in results}))})
-    if config.getoption("update_baseline") and partial is None:
+    if config.getoption("update_baseline") and partial is None and not run.stops:
+        # (a stopped frontend's NOT-RUN cases would leave its baseline without them)
         Baseline.from_results(results).save(config.getoption("baseline"))
 
 
@@ -426,6 +427,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"ERROR outside any case: {problem}"[:2000], red=True)
     for line in _unmatched_baseline_lines(config, run):
         tr.write_line(line, yellow=True)
+    if config.getoption("update_baseline") and run.stops:
+        tr.write_line("--update-baseline: not written, a frontend was stopped (STOPPED "
+                      "above)", yellow=True)
     from harness.frontends.subprocess.driver import stuck_driver_warning
 
     warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
