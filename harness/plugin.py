@@ -293,9 +293,14 @@ def pytest_testnodeready(node: Any) -> None:
         interrupts.add_worker(int(node.gateway._rinfo().pid))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config
+                                  ) -> Generator[None, None, None]:
+    """`-k` by case names before pytest's own; the shard split after pytest's `-m`, so
+    the selection's size in results.json's meta is the items `-m` kept (a `-m` run's
+    merge counted every collected item and called the run partial)."""
     selection.deselect_by_keyword(items, config)
+    yield
     shard.deselect_other_shards(items, config)
 
 

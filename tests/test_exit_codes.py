@@ -38,6 +38,7 @@ ROWS: dict[str, tuple[int, str]] = {
     "usage": (4, "unknown frontend 'nosuch'"),
     "bad-baseline": (4, "baseline"),
     "no-case": (5, "no case ran"),
+    "frontend-stopped": (6, "STOPPED broken: could not start 3 times in a row"),
 }
 
 
@@ -57,6 +58,9 @@ def _args(row: str, tmp: Path) -> list[str]:
         bad = tmp / "bad.json"
         bad.write_text('{"entries": [{"case": 1}]}')
         return ["-k", "abort.drop.single", "--baseline", str(bad)]
+    if row == "frontend-stopped":  # a driver program that exits before `init`'s reply
+        return ["-k", "abort.drop", "--frontend",
+                f"broken=subprocess:{sys.executable} -c 'raise SystemExit(1)'"]
     assert row == "no-case"
     return ["-k", "no_such_case_anywhere"]
 

@@ -132,3 +132,11 @@ def test_a_port_that_cannot_start_stops_with_one_line(tmp_path: Path, workers: s
     assert '"cmd":"init"' in records[0]["line"]
     left = [p.name for p in private_tmp.iterdir() if not p.name.startswith("pytest-of-")]
     assert left == []  # the shared record (and every ipc dir) is gone with the run
+    # `corewire merge` of the run (an unsharded run is shard 1/1) keeps the stop and its exit.
+    merged = subprocess.run([sys.executable, "-m", "harness.cli", "merge", str(report),
+                             "--report-dir", str(tmp_path / "merged")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == EXIT_FRONTEND_STOPPED, merged.stdout + merged.stderr
+    assert "STOPPED myport: could not start 3 times in a row" in merged.stdout
+    assert json.loads((tmp_path / "merged" / "results.json").read_text()
+                      )["meta"]["stopped"] == doc["meta"]["stopped"]
