@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,7 +57,8 @@ class Baseline:
     @classmethod
     def from_results(cls, results: list[CaseResult], reason: str = "recorded by "
                      "--update-baseline; explain and link an issue") -> Baseline:
-        keep = [r for r in results if r.verdict not in (Verdict.PASS, Verdict.INFO)]
+        keep = [r for r in results
+                if r.verdict not in (Verdict.PASS, Verdict.INFO, Verdict.NOT_RUN)]
         expires = (dt.date.today() + dt.timedelta(days=90)).isoformat()
         return cls({(r.case_id, r.frontend): BaselineEntry(
             r.case_id, r.frontend, r.verdict.value, r.baseline or reason, "", expires)
@@ -74,6 +77,25 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class Unmatched:
+    """Baseline entries a run did not use (reported, not failing the run)."""
+
+    stale: list[BaselineEntry]  # of a frontend that ran, naming no item it ran
+    other_frontends: dict[str, int]  # frontend not in the run -> its entries
+
+
+def unmatched_entries(baseline: Baseline, results: Sequence[CaseResult]) -> Unmatched:
+    """The entries of `baseline` no row of an unfiltered run matched: the same port
+    renamed or started from another path used to miss its baseline silently."""
+    ran = {(r.case_id, r.frontend) for r in results}
+    frontends = {r.frontend for r in results}
+    stale = [e for key, e in sorted(baseline.entries.items())
+             if e.frontend in frontends and key not in ran]
+    other = Counter(e.frontend for e in baseline.entries.values() if e.frontend not in frontends)
+    return Unmatched(stale, dict(other))
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How the test runner should report a graded result."""
 
@@ -87,6 +109,8 @@ def apply_baseline(result: CaseResult, baseline: Baseline | None,
     """Decide pass / skip / fail for `result`, applying the baseline rules."""
     today = today or dt.date.today()
     verdict, text = result.verdict, f"{result.verdict.value}: {result.message}"
+    if verdict is Verdict.NOT_RUN:  # nothing ran to compare with its entry
+        return Outcome(False, True, text)
     entry = baseline.get(result.case_id, result.frontend) if baseline else None
     if entry is not None:
         if entry.expired(today):

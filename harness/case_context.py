@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import linecache
 import os
 import re
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from harness import zmq_guard
+from harness.failfast import StartAttempt, stderr_tail
 from harness.frontends.driver import Capability, FrontendDriver
-from harness.grading import CaseUnmet, CaseUnsupported, grade_of, message_for, verdict_for
+from harness.frontends.subprocess.exchange import ExchangeLog
+from harness.grading import (
+    GRADES,
+    CaseUnmet,
+    CaseUnsupported,
+    grade_of,
+    message_for,
+    verdict_for,
+)
 from harness.leaks import observe_temp_sockets
 from harness.memory_guard import guarded
 from harness.report.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
@@ -50,6 +62,8 @@ class CaseContext:
                                          or VLLM_0_33)
         self.group: EngineGroup | None = None
         self.evidence = Evidence()
+        self.start_attempt = StartAttempt()
+        self.start_error: BaseException | None = None  # what driver.start() raised
         self._ipc = PrivateIpcDir()
         self._zmq_mark = zmq_guard.mark()  # contexts made after this are the case's
 
@@ -77,7 +91,12 @@ class CaseContext:
                                  rank_offset=rank_offset, profile=self.profile)
         self.group.handshake = handshake or coordinated
         self.group.coordinated = coordinated
-        await self.driver.start(self.group, self.t(startup_timeout))
+        self.start_attempt.attempted = True
+        try:
+            await self.driver.start(self.group, self.t(startup_timeout))
+        except Exception as exc:
+            self.start_error = exc
+            raise
         self.needs(*self.spec.needs)  # drivers may learn their capabilities at start
         return self.group
 
@@ -148,13 +167,17 @@ class CaseContext:
 async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
                    transcript_dir: str | None = None,
                    profile: ProtocolProfile | None = None,
-                   timescale: Timescale | None = None) -> CaseResult:
+                   timescale: Timescale | None = None,
+                   start_attempt: StartAttempt | None = None) -> CaseResult:
     """Run one case against one driver, its engines speaking `profile`, and grade it.
     Every window, the case's and the driver's, is scaled by `timescale` (None: the one the
-    driver was built with)."""
+    driver was built with). `start_attempt`, when given, is filled with whether the case
+    tried to start the frontend and, if it never came up, why (harness/failfast.py)."""
     if timescale is not None:
         driver.with_timescale(timescale)
     ctx = CaseContext(spec, driver, profile)
+    if start_attempt is not None:
+        ctx.start_attempt = start_attempt
     with use_in_case(ctx.timescale):  # code not handed the factor (harness/timing.py)
         return await _run_case(ctx, fn, transcript_dir)
 
@@ -167,14 +190,17 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
     try:
         if driver.capabilities:  # statically known; others are checked after start()
             ctx.needs(*spec.needs)
-        await guarded(asyncio.wait_for(fn(ctx), ctx.t(spec.timeout)))
+        await guarded(_within_case_bound(fn(ctx), ctx.t(spec.timeout)))
         if spec.level is Level.INFO:
             verdict, message = Verdict.INFO, "; ".join(ctx.evidence.notes) or "recorded"
     except Exception as exc:  # every outcome class names its verdict: harness/grading.py
         grade = grade_of(exc)
         verdict = verdict_for(grade, spec.level)
-        message = (_case_timeout_message(ctx, exc) if grade.case_bound
-                   else message_for(grade, exc))
+        message = (_case_timeout_message(ctx, exc, _file_of(fn))
+                   if grade.case_bound else message_for(grade, exc))
+        if exc is ctx.start_error and verdict in (Verdict.ERROR, Verdict.TIMEOUT) \
+                and _not_launched(driver, exc):
+            ctx.start_attempt.failure = message  # the frontend never came up (failfast)
         if isinstance(exc, CaseUnmet):
             ctx.evidence.expected, ctx.evidence.observed = exc.expected, exc.observed
         elif grade.traceback:
@@ -188,6 +214,8 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
         # What the case saw came through a broken driver: not frontend behaviour to grade.
         ctx.note(f"outcome before the driver fault (not graded): {verdict.value}: {message}")
         verdict, message = Verdict.ERROR, f"driver fault: {fault}"
+        if ctx.start_attempt.failure is not None:
+            ctx.start_attempt.failure = message
     problems, cancelled_in_close = await _close_to_the_end(ctx)
     if cancelled or cancelled_in_close:
         raise asyncio.CancelledError
@@ -200,21 +228,134 @@ async def _run_case(ctx: CaseContext, fn: CaseFn, transcript_dir: str | None) ->
     diagnostics = driver.diagnostics()
     if diagnostics and verdict is not Verdict.PASS:
         ctx.note(f"frontend log tail:\n{diagnostics}")
+    if ctx.start_attempt.failure is not None:
+        ctx.start_attempt.stderr_tail = stderr_tail(diagnostics)
     result = CaseResult(spec.case_id, driver.name, spec.level.value, spec.source,
                         spec.requirement, verdict, message, time.monotonic() - start,
                         evidence=ctx.evidence)
     if verdict is not Verdict.PASS and ctx.group is not None:
-        _attach_transcript(result, ctx.group, transcript_dir)
+        exchange = getattr(driver, "exchange", None)
+        _attach_transcript(result, ctx.group, transcript_dir,
+                           exchange if isinstance(exchange, ExchangeLog) else None)
     return bound_result(result)
 
 
-def _case_timeout_message(ctx: CaseContext, exc: BaseException) -> str:
-    """Names the driver command(s) left unanswered when the case bound ran out."""
-    detail = str(exc) or f"{ctx.t(ctx.spec.timeout):.1f} s"
+def _not_launched(driver: FrontendDriver, exc: BaseException) -> bool:
+    """The frontend never came up: a driver program that did not answer `init`; for a
+    driver without that notion, a harness fault (not a DriverFault / StartupError /
+    CommandTimeout, which a case's own startup can cause)."""
+    launched = getattr(driver, "launched", None)
+    if isinstance(launched, bool):
+        return not launched
+    return grade_of(exc) is GRADES[Exception]
+
+
+def _file_of(fn: CaseFn) -> str:
+    code = getattr(fn, "__code__", None)
+    return code.co_filename if code is not None else ""
+
+
+class CaseBoundExpired(TimeoutError):
+    """The case's own bound ran out; the message says where the case was waiting."""
+
+
+async def _within_case_bound(case: Coroutine[Any, Any, None], bound: float) -> None:
+    """`asyncio.wait_for(case, bound)`, except that the timeout names what the case was
+    awaiting when its bound ran out (its await chain, read before it is cancelled)."""
+    task = asyncio.ensure_future(case)
+    try:
+        await asyncio.wait({task}, timeout=bound)
+    except asyncio.CancelledError:  # an interrupt: the case is cancelled and torn down
+        task.cancel()
+        await asyncio.wait({task})
+        raise
+    if task.done():
+        task.result()  # the case's own outcome (an exception is its grade)
+        return
+    where = awaiting(task)
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # a case that failed while being cancelled: the bound wins
+    raise CaseBoundExpired(f"{bound:.1f} s; awaiting {where}" if where else f"{bound:.1f} s")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _site(path: str, line: int, function: str) -> str:
+    """`file:line (function): `source``, the file relative to the repository."""
+    where = os.path.relpath(path, ROOT) if path.startswith(str(ROOT)) else path
+    code = " ".join(linecache.getline(path, line).split())
+    code = code if len(code) <= 120 else code[:117] + "..."
+    return f"`{code}` at {where}:{line} ({function})" if code else f"{where}:{line} ({function})"
+
+
+def awaiting(task: asyncio.Task[Any]) -> str:
+    """Where a suspended case is waiting: the innermost frame of the case's own code (its
+    file under conformance/ or a case helper) and, when deeper, the innermost frame."""
+    frames: list[FrameType] = []
+    coro: Any = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(frame)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if not frames:
+        return ""
+    case_frames = [f for f in frames if "conformance" in Path(f.f_code.co_filename).parts]
+    outer = case_frames[-1] if case_frames else frames[0]
+    text = _site(outer.f_code.co_filename, outer.f_lineno, outer.f_code.co_name)
+    ours = [f for f in frames if f.f_code.co_filename.startswith(str(ROOT))]
+    inner = ours[-1] if ours else frames[-1]  # not asyncio's own frames
+    if inner is not outer:
+        text += (" -> " + _site(inner.f_code.co_filename, inner.f_lineno,
+                                inner.f_code.co_name))
+    return text
+
+
+def _timeout_site(exc: BaseException, case_file: str) -> str:
+    """Where a wait inside the case timed out: the case's own frame (in `case_file` or a
+    suite file) and the innermost frame of ours."""
+    stack = traceback.extract_tb(exc.__traceback__)
+    if not stack:
+        return ""
+    case_frames = [f for f in stack
+                   if f.filename == case_file or "conformance" in Path(f.filename).parts]
+    outer = case_frames[-1] if case_frames else stack[0]
+    text = _site(outer.filename, outer.lineno or 0, outer.name)
+    ours = [f for f in stack if f.filename.startswith(str(ROOT))]
+    inner = ours[-1] if ours else stack[-1]  # not asyncio's own frames
+    if inner is not outer:
+        text += " -> " + _site(inner.filename, inner.lineno or 0, inner.name)
+    return text
+
+
+def _case_timeout_message(ctx: CaseContext, exc: BaseException, case_file: str) -> str:
+    """What the case was waiting for when it timed out (its bound, or a wait of its own
+    that ran out first) and the driver commands left unanswered; the evidence says it too."""
+    bound = f"{ctx.t(ctx.spec.timeout):.1f} s"
+    if isinstance(exc, CaseBoundExpired):
+        message = f"no outcome within the case bound ({exc})"
+        observed = str(exc).split("; awaiting ", 1)[1] if "; awaiting " in str(exc) else ""
+    else:
+        site = _timeout_site(exc, case_file)
+        detail = f": {exc}" if str(exc) else ""
+        message = f"a wait of the case timed out{detail}" + (f" at {site}" if site else "")
+        observed = site
     waiting = ctx.driver.unanswered()
     if waiting:
-        return f"no outcome within the case bound ({detail}); no reply to {', '.join(waiting)}"
-    return f"no outcome within the case bound ({detail})"
+        message += f"; no reply to {', '.join(waiting)}"
+    if not ctx.evidence.expected and not ctx.evidence.observed:
+        bounded = isinstance(exc, CaseBoundExpired)
+        ctx.evidence.expected = (f"an outcome within the case bound ({bound})" if bounded
+                                 else "what the case awaited, within that wait's bound")
+        ctx.evidence.observed = (("still awaiting " if bounded else "the wait ran out: ")
+                                 + (observed or "(no frame of the case found)")
+                                 + (f"; driver commands unanswered: {', '.join(waiting)}"
+                                    if waiting else ""))
+    return message
 
 
 async def _close_to_the_end(ctx: CaseContext) -> tuple[list[str], bool]:
@@ -238,13 +379,20 @@ def transcript_file_name(case_id: str, frontend: str) -> str:
     return f"{case_id}[{safe[:80]}].json"
 
 
-def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | None) -> None:
-    """Attach the excerpt and write the full transcript; a failure here is noted on the
-    verdict, never allowed to lose it."""
+def _attach_transcript(result: CaseResult, group: EngineGroup, directory: str | None,
+                       exchange: ExchangeLog | None = None) -> None:
+    """Attach the excerpt and write the full transcript: the engines' records and, for a
+    driver program, the protocol lines it exchanged with corewire (channel `driver`), in
+    time order. A failure here is noted on the verdict, never allowed to lose it."""
     path = ""
     try:
         records = group.transcript.snapshot()
-        full = [clip_value(r, TRANSCRIPT_TEXT_LIMIT) for r in group.transcript.to_json(records)]
+        lines = exchange.lines() if exchange is not None else []
+        starts = [r.t for r in records[:1]] + [line.t for line in lines[:1]]
+        t0 = min(starts) if starts else 0.0
+        full = [clip_value(r.to_json(t0), TRANSCRIPT_TEXT_LIMIT) for r in records]
+        if exchange is not None:
+            full = sorted(full + exchange.records(t0), key=lambda rec: float(rec["t"]))
         result.evidence.transcript = transcript_excerpt(full)
         if directory:
             os.makedirs(directory, exist_ok=True)

@@ -1,6 +1,6 @@
 """`corewire` command: run the suites, compare runs, re-render reports.
 
-    corewire run [--frontend F ...] [-k EXPR] [-n N] [--baseline FILE] [-- PYTEST ARGS]
+    corewire run [--frontend [NAME=]SPEC ...] [-k EXPR] [-n N] [--baseline FILE] [-- PYTEST ARGS]
     corewire merge DIR... [--report-dir OUT] [--baseline FILE]
     corewire diff OLD.json NEW.json
     corewire report RESULTS.json [--out report.html]
@@ -12,11 +12,11 @@
 Exit codes of `run` are pytest's: 0 all graded verdicts acceptable, 1 some FAIL / ERROR /
 TIMEOUT not tolerated by the baseline (or a stale/expired baseline entry), 2 interrupted,
 4 usage error (a --report-dir another run holds included), 5 no case ran; and 6: a report
-file could not be written (disk full), the verdicts printed but not saved. `diff` exits 1
-when a case moved into a failing verdict; every command exits 4 with one line (no
-traceback) on unreadable or malformed input.
-`merge` exits with the code the unsharded run would have had (4: the inputs are not the
-shards of one run).
+file could not be written (disk full), the verdicts printed but not saved; 7: a frontend
+could not start (3 start failures in a row, same cause), its remaining cases not run.
+`diff` exits 1 when a case moved into a failing verdict; every command exits 4 with one
+line (no traceback) on unreadable or malformed input. `merge` exits with the code the
+unsharded run would have had (4: the inputs are not the shards of one run).
 The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes there too).
 """
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 from harness.locations import IMPORT_ROOT, RUN_INI, MissingInstallError, require_cases_dir
 from harness.timing import DEFAULT, Timescale, TimescaleError
@@ -50,12 +51,10 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         raise UsageError(str(exc)) from None
     # The installed (or checked-out) cases, wherever `corewire run` is run from, under
     # corewire's own pytest configuration (harness/corewire_run.ini), not the cwd's.
+    # junit.xml is the plugin's (harness/report/junit.py), beside results.json.
     argv = [str(cases), "-c", str(RUN_INI), "--rootdir", str(IMPORT_ROOT),
             "-p", "no:cacheprovider", "-q",
-            "--report-dir", args.report_dir,
-            f"--junitxml={os.path.join(args.report_dir, 'junit.xml')}",
-            "-o", "junit_family=xunit2", "-o", "junit_logging=system-out",
-            "-o", "junit_suite_name=corewire"]
+            "--report-dir", args.report_dir]
     for frontend in args.frontend or ["reference"]:
         argv += ["--frontend", frontend]
     if args.k:
@@ -189,7 +188,7 @@ def _merge(args: argparse.Namespace) -> int:
         for failure in exc.failures:
             print(f"corewire merge: not written: {failure}", file=sys.stderr)
         return REPORTS_NOT_WRITTEN
-    print("\n".join(summary_lines(merged)))
+    print("\n".join(summary_lines(merged, args.verbose)))
     return merged.exit_code
 
 
@@ -302,9 +301,24 @@ def _compliance(args: argparse.Namespace) -> int:
     return 0
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless it says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
+                and action.option_strings):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad arguments; 2 is `interrupted` here (docs/cli.md), so a bad
     argument is the usage error it is: one line on stderr, exit 4."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)  # help ends with defaults
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -317,30 +331,44 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         extra = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
-    parser = _Parser(prog="corewire", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the conformance suites")
-    run.add_argument("--frontend", action="append",
-                     help="reference (default), reference-subprocess, vllm-rs, vllm-rs@X "
-                          "(release X), vllm-py, "
-                          "subprocess:'CMD', mutant:NAME; repeatable")
-    run.add_argument("-k", help="pytest -k expression, e.g. abort")
-    run.add_argument("-m", help="pytest -m expression, e.g. 'dp and must'")
+    parser = _Parser(prog="corewire", description=__doc__, formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)  # _Parser's, like the top
+    run = sub.add_parser("run", help="run the conformance suites",
+                         description="Run the conformance suites against each "
+                                     "--frontend.\nExit codes (docs/cli.md): 0 pass, 1 "
+                                     "failure, 2 interrupted, 4 usage error, 5 no case ran,\n"
+                                     "6 a frontend could not start (3 start failures in a "
+                                     "row, same cause).")
+    run.add_argument("--frontend", action="append", metavar="[NAME=]SPEC",
+                     help="what to test, repeatable (default: reference). SPEC: reference, "
+                          "reference-subprocess, vllm-rs, vllm-rs@X (release X), vllm-py, "
+                          "subprocess:'CMD' (a port's driver program), mutant:NAME; "
+                          "kv:UNIT / ec:UNIT run the component cases instead (a "
+                          "KV-connector worker: reference, vllm-nixl; an EC scheduler: "
+                          "reference, vllm; either: mutant:NAME). NAME "
+                          "(letters, digits, _.@+-) keys the reports and baselines, e.g. "
+                          "myport=subprocess:./driver; a subprocess: spec without one is "
+                          "named by its program's init reply")
+    run.add_argument("-k", help="pytest -k expression, e.g. abort (default: every case)")
+    run.add_argument("-m", help="pytest -m expression, e.g. 'dp and must' (default: every "
+                                "case)")
     run.add_argument("-n", default="2", help="pytest-xdist workers (0: none)")
     run.add_argument("--report-dir", default="reports",
                      help="where junit.xml, results.json, report.html and transcripts go")
-    run.add_argument("--baseline", help="JSON file of tolerated non-PASS verdicts")
+    run.add_argument("--baseline", help="JSON file of tolerated non-PASS verdicts "
+                                        "(default: none)")
     run.add_argument("--update-baseline", action="store_true",
                      help="rewrite --baseline from this run (refused for a filtered run)")
     run.add_argument("--timescale", type=float,
-                     help="multiply every timing window by this factor (slow machines)")
+                     help="multiply every timing window by this factor (slow machines; "
+                          "default: $COREWIRE_TIMESCALE, else 1)")
     run.add_argument("--profile",
                      help="protocol profile the mock engines speak, e.g. vllm-0.23.0 "
-                          "(default vllm-0.33; see `corewire profiles`)")
+                          "(default: vllm-0.33; see `corewire profiles`)")
     run.add_argument("--shard", metavar="I/N",
                      help="run only shard I of N (1-based; a stable hash of case id and "
-                          "frontend); join the shards' report dirs with `corewire merge`")
+                          "frontend name); join the shards' report dirs with `corewire "
+                          "merge` (default: the whole selection)")
     merge = sub.add_parser("merge", help="join the report dirs of a sharded run (--shard) "
                                          "into one report set and one exit code")
     merge.add_argument("dirs", nargs="+", metavar="DIR",
@@ -351,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--baseline",
                        help="re-grade the merged verdicts against this baseline (default: "
                             "as each shard graded them)")
+    merge.add_argument("-v", "--verbose", action="store_true",
+                       help="list every non-PASS item, not only those failing the run")
     prof = sub.add_parser("profiles", help="list the protocol profiles (one per vLLM release)")
     prof.add_argument("--json", action="store_true", help="machine-readable")
     bench = sub.add_parser("bench", help="measure frontends under load (mock engines as a "

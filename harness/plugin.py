@@ -1,7 +1,8 @@
 """pytest plugin: collects conformance cases, runs them per frontend, grades, reports.
 
 * Each `@case` function becomes one pytest item per `--frontend`, named
-  `<case id>[<frontend>]`, with a marker per area and level (`pytest -k abort`, `-m dp`).
+  `<case id>[<frontend name>]` (harness/frontends/naming.py: `NAME=SPEC`, a driver
+  program's `init` name, or the spec), with a marker per area and level (`-k abort`, `-m dp`).
 * The verdict class leads the outcome message: FAIL / ERROR / TIMEOUT fail the item,
   NON-STRICT / UNSUPPORTED / baselined verdicts skip it, PASS / INFO pass. Evidence goes to
   the captured output, hence to JUnit system-out.
@@ -16,6 +17,9 @@
   `corewire`), so it acts only in a session that asks for corewire (a corewire option or a
   path into the cases: `selection.corewire_requested`); any other session has no CorewireSession
   and every hook below returns at once. `pytest --frontend X` with no path runs the cases.
+* A frontend that cannot start is stopped after START_FAILURE_LIMIT start failures in a
+  row (harness/failfast.py): its other cases are NOT-RUN, the run exits 7.
+* junit.xml is written from the results beside results.json (harness/report/junit.py).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from typing import Any
 
 import pytest
 
-from harness import interrupts, selection, shard
+from harness import failfast, interrupts, selection, shard
 from harness.baseline import Baseline, BaselineError, apply_baseline
-from harness.frontends.registry import check_spec, make_driver
+from harness.frontends import naming
+from harness.frontends.registry import check_spec, make_driver, parse_spec
 from harness.report.bounds import bound_result
 from harness.report.dirlock import ReportDirLock
 from harness.report.evidence import evidence_text
@@ -43,9 +48,11 @@ from harness.wire.profiles import ProtocolProfile, get_profile
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("corewire", "corewire conformance")
     group.addoption("--frontend", action="append", default=[],
-                    help="frontend under test (repeatable): reference, reference-subprocess, "
-                         "vllm-rs, vllm-rs@X (release X), vllm-py, subprocess:'CMD', "
-                         "mutant:NAME")
+                    help="frontend under test (repeatable), SPEC or NAME=SPEC: reference "
+                         "(default), reference-subprocess, vllm-rs, vllm-rs@X (release X), "
+                         "vllm-py, subprocess:'CMD', mutant:NAME; kv:NAME / ec:NAME run the "
+                         "component cases. NAME (else a driver program's init name) keys "
+                         "reports and baselines")
     group.addoption("--timescale", type=float, default=None,
                     help="multiply every timing window (also COREWIRE_TIMESCALE)")
     group.addoption("--report-dir", default="reports",
@@ -71,6 +78,7 @@ def _session(config: pytest.Config) -> CorewireSession | None:
     return config.stash.get(SESSION, None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's junitxml reads --junitxml
 def pytest_configure(config: pytest.Config) -> None:
     if not selection.corewire_requested(config):
         return
@@ -97,6 +105,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
     session = CorewireSession(timescale, baseline, _profile(config), _is_worker(config))
+    try:
+        session.frontends = _named_frontends(config, timescale)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    session.failfast = _start_failures(config)
+    session.verbose = config.getoption("verbose") > 0
+    _leave_junit_to_us(config)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, f"corewire-session-{id(session)}")
     if not _is_worker(config) and _writes_report_set(config):
@@ -131,9 +146,13 @@ def _lock_report_dir(config: pytest.Config) -> None:
 def _check_usage(config: pytest.Config) -> Timescale:
     """Bad options are one clear usage error (exit 4) before any case runs; returns the
     run's time scale (--timescale, else $COREWIRE_TIMESCALE: the one place it is read)."""
-    for spec in config.getoption("frontend"):
+    for value in config.getoption("frontend"):
+        name, spec = naming.split_name(value)
         try:
             check_spec(spec)
+            if name is not None and parse_spec(spec).is_component:
+                raise ValueError(f"--frontend {value!r}: kv:/ec: units name themselves; "
+                                 f"give {spec!r} without a name")
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     name = config.getoption("profile")
@@ -153,6 +172,47 @@ def _check_usage(config: pytest.Config) -> Timescale:
     if path and not os.path.exists(path) and not config.getoption("update_baseline"):
         raise pytest.UsageError(f"--baseline {path}: no such file")
     return timescale
+
+
+WORKER_FRONTENDS = "corewire_frontends"  # the named frontends, in a worker's workerinput
+
+
+def _named_frontends(config: pytest.Config, timescale: Timescale
+                     ) -> list[naming.NamedFrontend]:
+    """The run's frontends by name: resolved once on the controller (a plain subprocess
+    spec's program is asked its `init` name), handed to each xdist worker as they are, so
+    every process collects the same items."""
+    given = getattr(config, "workerinput", {}).get(WORKER_FRONTENDS)
+    if given is not None:
+        return [naming.NamedFrontend(name, spec) for name, spec in given]
+    return naming.resolve(config.getoption("frontend"),
+                          lambda spec: naming.probe_name(spec, timescale))
+
+
+def _start_failures(config: pytest.Config) -> failfast.StartFailures:
+    """The run's shared record of start failures: the controller's dir, in every worker."""
+    directory = getattr(config, "workerinput", {}).get(failfast.WORKER_KEY)
+    if directory is not None:
+        return failfast.StartFailures(directory)
+    return failfast.StartFailures.create()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: a worker gets the run's frontend names and start-failure record."""
+    run = session_of(node.config)
+    node.workerinput[WORKER_FRONTENDS] = [[f.name, f.spec] for f in run.frontends]
+    if run.failfast is not None:
+        node.workerinput[failfast.WORKER_KEY] = run.failfast.directory
+
+
+def _leave_junit_to_us(config: pytest.Config) -> None:
+    """`--junitxml` naming the report dir's junit.xml: corewire writes that file (one
+    system-out per case, verdict properties); pytest's plugin would write over it."""
+    xmlpath = getattr(config.option, "xmlpath", None)
+    ours = os.path.join(config.getoption("report_dir"), "junit.xml")
+    if xmlpath and os.path.abspath(xmlpath) == os.path.abspath(ours):
+        config.option.xmlpath = None
 
 
 def _terminal_is_ours(config: pytest.Config) -> None:
@@ -175,10 +235,6 @@ def _profile(config: pytest.Config) -> ProtocolProfile | None:
     """The --profile of this run (None: each driver's own, else vllm-0.33)."""
     name = config.getoption("profile")
     return None if name is None else get_profile(name)
-
-
-def _frontends(config: pytest.Config) -> list[str]:
-    return list(config.getoption("frontend")) or ["reference"]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -224,15 +280,27 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     session = session_of(config)
     frontend: str = pyfuncitem.corewire_frontend  # type: ignore[attr-defined]
     report_dir = config.getoption("report_dir")
+    stop = session.failfast.stopped(frontend) if session.failfast is not None else None
+    if stop is not None:  # its frontend cannot start: one reason, no ERROR per case
+        result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
+                            spec.requirement, Verdict.NOT_RUN, stop.reason(), 0.0)
+        pyfuncitem.corewire_result = encode_result(result)  # type: ignore[attr-defined]
+        pytest.skip(f"{Verdict.NOT_RUN.value}: {result.message}")
+    attempt = failfast.StartAttempt()
     try:
-        driver = make_driver(frontend, session.timescale)
+        driver = make_driver(session.spec_of(frontend), session.timescale)
+        driver.name = frontend  # the name every report keys on
         result = interrupts.run_interruptible(
             run_case(spec, pyfuncitem.obj, driver, os.path.join(report_dir, "transcripts"),
-                     session.profile, session.timescale))
+                     session.profile, session.timescale, start_attempt=attempt))
     except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
                             f"harness fault: {type(exc).__name__}: {exc}", 0.0)
+        if not attempt.attempted:  # a driver that cannot even be built does not start
+            attempt = failfast.StartAttempt(True, result.message)
+    if session.failfast is not None:
+        session.failfast.record(frontend, attempt)
     outcome = apply_baseline(bound_result(result), session.baseline)
     # The one encode between the case and the reports (decoded in CorewireSession).
     pyfuncitem.corewire_result = encode_result(result)  # type: ignore[attr-defined]
@@ -270,6 +338,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     lock = config.stash.get(REPORT_DIR_LOCK, None)
     if lock is not None:
         lock.release()
+    if run.failfast is not None and not run.worker:
+        run.failfast.remove()
     if config.pluginmanager.is_registered(run):
         config.pluginmanager.unregister(run)
 
@@ -293,11 +363,14 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     crashed_case(crashitem, report)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config) -> None:
-    if _session(config) is None:
-        return
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Config
+                                  ) -> Generator[None, None, None]:
+    """`-k` by case names before pytest's own; the shard split after pytest's `-m`, so
+    the selection's size in results.json's meta is the items `-m` kept (a `-m` run's
+    merge counted every collected item and called the run partial)."""
     selection.deselect_by_keyword(items, config)
+    yield
     shard.deselect_other_shards(items, config)
 
 
@@ -369,12 +442,16 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
     config = session.config
     results = run.results
     partial = run.partial = _partial_reason(exitstatus)
+    run.stops = run.failfast.stops() if run.failfast is not None else []
+    if run.stops and partial is None:
+        session.exitstatus = failfast.EXIT_FRONTEND_STOPPED
     this_shard = shard.configured_shard(config)
     if this_shard is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED \
             and getattr(config, "_corewire_counts", (0, 0))[0] > 0:
         session.exitstatus = pytest.ExitCode.OK  # the selection ran, just not here
     if not results and partial is None and this_shard is None:
         return
+    from harness.report.junit import write_junit
     from harness.report.writer import write_reports
 
     results.sort(key=lambda r: (r.case_id, r.frontend))
@@ -386,17 +463,26 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
                  for (case, frontend), why in sorted(run.failing.items())},
         # Errors outside any case (a leak found at session end) fail the run too.
         failed_outside_cases=max(0, session.testsfailed - len(run.failing)))
-    from harness.report.failsafe import TRANSCRIPT_NOT_WRITTEN, ReportsNotWritten
+    from harness.report.failsafe import TRANSCRIPT_NOT_WRITTEN, ReportsNotWritten, describe
 
+    if run.stops:
+        run_meta.stopped = list(run.stops)
     run.not_written += [note[len(TRANSCRIPT_NOT_WRITTEN):] for r in results
                         for note in r.evidence.notes if note.startswith(TRANSCRIPT_NOT_WRITTEN)]
     try:
         write_reports(results, report_dir, run.profile, partial, run_meta)
     except ReportsNotWritten as exc:
         run.not_written += exc.failures
-    if config.getoption("update_baseline") and partial is None:
-        from harness.report.failsafe import describe
-
+    junit_path = os.path.join(report_dir, "junit.xml")
+    try:
+        write_junit(results, report_dir, run.failing_by_name(), run.outside,
+                    {"frontends": " ".join(sorted({r.frontend for r in results}))})
+    except OSError as exc:  # whole or absent: the partial file goes
+        with contextlib.suppress(OSError):
+            os.remove(f"{junit_path}.partial-{os.getpid()}")
+        run.not_written.append(describe(junit_path, exc))
+    if config.getoption("update_baseline") and partial is None and not run.stops:
+        # (a stopped frontend's NOT-RUN cases would leave its baseline without them)
         path = config.getoption("baseline")
         try:
             Baseline.from_results(results).save(path)
@@ -423,8 +509,8 @@ def _remove_leftover_ipc_dirs() -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
                             ) -> None:
-    """One line per non-PASS verdict (and per case failing the run through its baseline),
-    then where the evidence is."""
+    """Counts, then the items that fail the run (one line each), the rest folded into
+    counts by area unless -v (harness/report/summary.py), then where the evidence is."""
     run = _session(config)
     if run is None or run.worker:
         return
@@ -442,25 +528,22 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if run.not_written:
             _not_written_lines(terminalreporter, run.not_written)
         return
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
+    from harness.report.summary import SummaryInput, summary_lines
+
     tr = terminalreporter
     tr.section("corewire verdicts")
     if partial is not None:
         tr.write_line(f"PARTIAL: {partial}; {len(results)} finished cases reported")
-    tr.write_line("  ".join(f"{v.value}={counts.get(v.value, 0)}" for v in Verdict))
-    for r in results:
-        failing = run.failing.get((r.case_id, r.frontend))
-        if r.verdict is Verdict.PASS and failing is None:
-            continue
-        flag = " (baselined)" if r.baseline else ""
-        why = failing if failing is not None and not failing.startswith(r.verdict.value) \
-            else r.message
-        line = f"{r.verdict.value:<11} {r.case_id}[{r.frontend}]{flag}: {why}"
-        tr.write_line(line.splitlines()[0][:200] if line else line)
+    for line in summary_lines(SummaryInput(results, run.failing_by_name(), run.stops,
+                                           run.verbose)):
+        tr.write_line(line, red=line.startswith("STOPPED"))
     for problem in run.outside:  # not a case's verdict, but it fails the run (exit 1)
         tr.write_line(f"ERROR outside any case: {problem}"[:2000], red=True)
+    for line in _unmatched_baseline_lines(config, run):
+        tr.write_line(line, yellow=True)
+    if config.getoption("update_baseline") and run.stops:
+        tr.write_line("--update-baseline: not written, a frontend was stopped (STOPPED "
+                      "above)", yellow=True)
     from harness.frontends.subprocess.driver import stuck_driver_warning
 
     warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
@@ -472,6 +555,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         _not_written_lines(tr, run.not_written)
         return
     tr.write_line(f"reports: {os.path.join(report_dir, 'results.json')}, "
+                  f"{os.path.join(report_dir, 'junit.xml')}, "
                   f"{os.path.join(report_dir, 'report.html')} (evidence and transcripts)")
 
 
@@ -485,3 +569,25 @@ def _not_written_lines(tr: Any, failures: list[str]) -> None:
         tr.write_line(f"  {failure}", red=True)
     if len(failures) > 20:
         tr.write_line(f"  ... and {len(failures) - 20} more", red=True)
+
+
+def _unmatched_baseline_lines(config: pytest.Config, run: CorewireSession) -> list[str]:
+    """Baseline entries this run could have used but did not (not a failure): in an
+    unfiltered, uninterrupted run, entries of a frontend that ran naming no case it ran
+    (a renamed or removed case); in any run, entries of frontends not in the run, which is
+    how a frontend renamed since (an old absolute-path spec) shows."""
+    from harness.baseline import unmatched_entries
+
+    if run.baseline is None or run.partial is not None:
+        return []
+    unmatched = unmatched_entries(run.baseline, run.results)
+    lines = [] if _filtered(config) else [
+        f"UNMATCHED BASELINE {e.case}[{e.frontend}] ({e.verdict}): stale, no such item in "
+        f"this run (not a failure); remove or rename the entry" for e in unmatched.stale]
+    if unmatched.other_frontends:
+        named = ", ".join(f"{name!r} ({count})"
+                          for name, count in sorted(unmatched.other_frontends.items()))
+        ran = ", ".join(sorted({r.frontend for r in run.results}))
+        lines.append(f"baseline entries for frontends not in this run (this run: {ran}): "
+                     f"{named}; a frontend renamed since keys its entries by its old name")
+    return lines

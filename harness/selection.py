@@ -25,6 +25,7 @@ import pytest
 from _pytest.mark import KeywordMatcher
 from _pytest.mark.expression import Expression
 
+from harness.frontends.naming import spec_of
 from harness.frontends.registry import COMPONENT_KINDS, FrontendSpec, parse_spec
 from harness.locations import (
     MissingInstallError,
@@ -107,15 +108,26 @@ def point_at_cases(config: pytest.Config) -> None:
 
 
 def _specs(config: pytest.Config) -> list[FrontendSpec]:
-    """The `--frontend` values, parsed (the plugin refused bad ones before this runs)."""
-    return [parse_spec(s) for s in config.getoption("frontend")]
+    """The `--frontend` values' specs (`NAME=` removed), parsed (the plugin refused bad
+    ones before this runs)."""
+    return [parse_spec(spec_of(s)) for s in config.getoption("frontend")]
 
 
 def wire_frontends(config: pytest.Config) -> list[str]:
-    """The frontends wire cases run against (`reference` when none is named)."""
-    specs = _specs(config)
-    wire = [s.text for s in specs if not s.is_component]
-    return wire if wire or specs else ["reference"]
+    """The names of the frontends wire cases run against (`reference` when none is
+    named): the run's names (harness/frontends/naming.py), not the specs."""
+    from harness.session import session_of
+
+    named = session_of(config).frontends
+    wire = [f.name for f in named if not parse_spec(f.spec).is_component]
+    return wire if wire or named else ["reference"]
+
+
+def frontend_names(config: pytest.Config) -> list[str]:
+    """Every frontend of the run by name (component specs by their text), sorted."""
+    from harness.session import session_of
+
+    return sorted(f.name for f in session_of(config).frontends) or ["reference"]
 
 
 def component_labels(config: pytest.Config, case_id: str, default: str) -> list[str]:

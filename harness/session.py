@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from harness.baseline import Baseline
+from harness.failfast import StartFailures, Stop
+from harness.frontends.naming import NamedFrontend
 from harness.report.schema import decode_result
 from harness.timing import Timescale
 from harness.verdicts import CaseResult
@@ -38,6 +40,20 @@ class CorewireSession:
     # Report files that could not be written (disk full, size limit): path, reason, errno
     # (harness/report/failsafe.py); the run then exits REPORTS_NOT_WRITTEN.
     not_written: list[str] = field(default_factory=list)
+    # The run's frontends by name (harness/frontends/naming.py; empty: `reference`).
+    frontends: list[NamedFrontend] = field(default_factory=list)
+    failfast: StartFailures | None = None  # the shared start-failure record
+    stops: list[Stop] = field(default_factory=list)  # frontends stopped (at session end)
+    verbose: bool = False  # -v: the summary lists every non-PASS item
+
+    def spec_of(self, frontend: str) -> str:
+        """The spec that runs under the name `frontend` (a component label is its own)."""
+        return next((f.spec for f in self.frontends if f.name == frontend), frontend)
+
+    def failing_by_name(self) -> dict[str, str]:
+        """`case[frontend]` -> why it fails the run (the reports' key)."""
+        return {f"{case}[{frontend}]": why
+                for (case, frontend), why in sorted(self.failing.items())}
 
     def clear(self) -> None:
         self.results.clear()

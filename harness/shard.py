@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from harness import selection
 from harness.locations import IMPORT_ROOT
 
 REPO = IMPORT_ROOT  # args are recorded relative to it (conformance/...), so machines agree
@@ -108,7 +109,7 @@ def selection_meta(config: pytest.Config) -> dict[str, Any]:
         if absolute == str(REPO) or absolute.startswith(str(REPO) + os.sep):
             path = os.path.relpath(absolute, REPO)
         args.append(path + sep + rest)
-    meta: dict[str, Any] = {"frontends": sorted(config.getoption("frontend")) or ["reference"],
+    meta: dict[str, Any] = {"frontends": selection.frontend_names(config),
                             "keyword": str(keyword or ""),
                             "markexpr": str(config.getoption("markexpr") or ""),
                             "args": sorted(args)}

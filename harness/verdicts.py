@@ -2,7 +2,8 @@
 
 Autobahn-style grading: a MUST that is broken FAILs, a SHOULD that is not met is
 NON-STRICT, INFO records behaviour without judging it, and a driver that cannot observe
-what a case needs gets UNSUPPORTED -- never a silent pass.
+what a case needs gets UNSUPPORTED -- never a silent pass. NOT-RUN is no grade: the case
+was left out because its frontend could not start (the run exits 6 instead).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Verdict(str, enum.Enum):
     FAIL = "FAIL"
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
+    NOT_RUN = "NOT-RUN"  # its frontend was stopped after failing to start (harness/failfast.py)
 
     @property
     def failing(self) -> bool:

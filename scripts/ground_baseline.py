@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     expires = (dt.date.today() + dt.timedelta(days=180)).isoformat()
     entries: dict[tuple[str, str], BaselineEntry] = {}
     for result in sorted(results, key=lambda r: (r.case_id, r.frontend)):
-        if result.verdict.value in ("PASS", "INFO", "UNSUPPORTED"):
+        if result.verdict.value in ("PASS", "INFO", "UNSUPPORTED", "NOT-RUN"):
             continue
         spec = specs.get(result.case_id)
         before = old.get(result.case_id, result.frontend)

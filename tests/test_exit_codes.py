@@ -42,6 +42,7 @@ ROWS: dict[str, tuple[int, str]] = {
     "bad-baseline": (4, "baseline"),
     "no-case": (5, "no case ran"),
     "disk-full": (6, "REPORTS NOT WRITTEN (exit 6)"),  # its 2-3 KB reports past 1 KiB
+    "frontend-stopped": (7, "STOPPED broken: could not start 3 times in a row"),
 }
 DISK_FULL_LIMIT = 1 << 10  # bytes: RLIMIT_FSIZE (tests/test_disk_full.py says why)
 
@@ -64,6 +65,9 @@ def _args(row: str, tmp: Path) -> list[str]:
         return ["-k", "abort.drop.single", "--baseline", str(bad)]
     if row == "disk-full":
         return ["-k", "abort.drop.single"]
+    if row == "frontend-stopped":  # a driver program that exits before `init`'s reply
+        return ["-k", "abort.drop", "--frontend",
+                f"broken=subprocess:{sys.executable} -c 'raise SystemExit(1)'"]
     assert row == "no-case"
     return ["-k", "no_such_case_anywhere"]
 

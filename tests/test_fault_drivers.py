@@ -95,9 +95,12 @@ def marked_processes(token: str) -> list[int]:
     return sorted(process_tree.marked(MARK, token, process_tree.process_table()))
 
 
-def frontend_for(fault: Fault, tag: str) -> str:
+def frontend_for(name: str, fault: Fault, tag: str) -> str:
+    """`NAME=subprocess:...`: each fault's rows carry its own name (every program answers
+    init with the same one), and no probe start is spent learning it."""
     python = os.path.relpath(sys.executable, ROOT)  # a relative command, with a slash
-    return (f"subprocess:{python} -m harness.frontends.subprocess.program "
+    label = "fault-" + "".join(c if c.isalnum() or c in "_.-" else "-" for c in name)
+    return (f"{label}=subprocess:{python} -m harness.frontends.subprocess.program "
             f"--fault {fault.env.format(tag=tag)}")
 
 
@@ -119,7 +122,7 @@ GROUPS = {
 def run_group(tmp: Path, names: list[str], timescale: float, cases: str, token: str
               ) -> tuple[subprocess.CompletedProcess[str], float, dict[str, str]]:
     """One end-to-end run with every fault of `names` as its own frontend."""
-    frontends = {name: frontend_for(FAULTS[name], token[:8]) for name in names}
+    frontends = {name: frontend_for(name, FAULTS[name], token[:8]) for name in names}
     private_tmp = tmp / "tmp"
     private_tmp.mkdir()
     env = {**os.environ, MARK: token, "TMPDIR": str(private_tmp),
@@ -148,7 +151,7 @@ def test_fault_drivers_end_to_end(tmp_path: Path, group: str) -> None:
     assert len(records) == per_fault * len(names), output  # every case of every fault: a row each
     for name, frontend in frontends.items():
         fault = FAULTS[name]
-        rows = [r for r in records if r["frontend"] == frontend]
+        rows = [r for r in records if r["frontend"] == frontend.split("=", 1)[0]]
         assert len(rows) == per_fault, (name, [r["frontend"] for r in records])
         for row in rows:
             assert Verdict(row["verdict"]) in fault.verdicts, (name, row["verdict"],

@@ -218,7 +218,7 @@ def test_component_cases_only_when_asked_for() -> None:
 
 def test_a_filtered_run_leaves_only_its_own_reports(tmp_path: Path) -> None:
     """A second run with `-k` (no --junitxml) used to leave the first run's junit.xml and
-    transcripts beside its own results.json."""
+    transcripts beside its own results.json; now it writes its own junit.xml."""
     assert run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY).returncode == 1
     assert (tmp_path / "junit.xml").exists() and list((tmp_path / "transcripts").iterdir())
     (tmp_path / "mine.txt").write_text("not ours")
@@ -228,7 +228,9 @@ def test_a_filtered_run_leaves_only_its_own_reports(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert {r["id"] for r in results_of(tmp_path)} == {"abort.drop.single"}
-    assert not (tmp_path / "junit.xml").exists()
+    # junit.xml is the plugin's, beside results.json: this run's one case only.
+    xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    assert [case.name for suite in xml for case in suite] == ["abort.drop.single[reference]"]
     assert not list((tmp_path / "transcripts").iterdir())
     assert (tmp_path / "mine.txt").exists()  # only our own files are cleared
     assert "dp.is_sleeping" not in (tmp_path / "report.html").read_text()

@@ -157,7 +157,7 @@ def test_merge_regrades_against_a_baseline(runs: dict[str, Any], tmp_path: Path)
     proc = _cli("merge", *(str(base / f"s{i}") for i in (1, 2, 3)), "--baseline", str(path),
                 "--report-dir", str(tmp_path / "merged"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(baselined)" in proc.stdout
+    assert "BASELINED FAIL 3: dp 3" in proc.stdout  # folded: -v lists them
     # An error outside any case in one shard (a leak found at its session end) still
     # fails the merged run, as it failed that shard.
     leaky = _edit(base / "s2", tmp_path / "s2", failed_outside_cases=1)

@@ -10,7 +10,8 @@ from harness.baseline import Baseline
 from harness.report.schema import ResultsDocument
 
 MARK = {"PASS": "PASS", "NON-STRICT": "NON-STRICT", "INFO": "INFO", "UNSUPPORTED": "n/a",
-        "FAIL": "**FAIL**", "ERROR": "**ERROR**", "TIMEOUT": "**TIMEOUT**"}
+        "FAIL": "**FAIL**", "ERROR": "**ERROR**", "TIMEOUT": "**TIMEOUT**",
+        "NOT-RUN": "not run"}
 
 
 def render_compliance(doc: ResultsDocument, baseline: Baseline | None) -> str:

@@ -16,7 +16,7 @@ from harness.frontends.vllm_rs_releases import parse_version
 from harness.report.skew import SkewRuns, render_skew
 
 SHORT = {"PASS": "P", "NON-STRICT": "NS", "INFO": "I", "UNSUPPORTED": "-", "FAIL": "**F**",
-         "ERROR": "**E**", "TIMEOUT": "**T**"}
+         "ERROR": "**E**", "TIMEOUT": "**T**", "NOT-RUN": "not run"}
 PR_URL = "https://github.com/vllm-project/vllm/pull/{}"
 
 

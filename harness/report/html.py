@@ -15,7 +15,7 @@ from harness.verdicts import CaseResult
 
 COLORS = {"PASS": "#2e7d32", "NON-STRICT": "#f9a825", "INFO": "#1565c0",
           "UNSUPPORTED": "#9e9e9e", "FAIL": "#c62828", "ERROR": "#6a1b9a",
-          "TIMEOUT": "#ef6c00"}
+          "TIMEOUT": "#ef6c00", "NOT-RUN": "#bdbdbd"}
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -109,9 +109,11 @@ def _detail(r: CaseResult) -> str:
                      f"<button onclick=\"hex('{tid}')\">hex</button></p><div class='transcript' "
                      f"id='{tid}'>")
         for rec in records:
-            head = (f"t={rec.get('t')} engine {rec.get('rank')} {rec.get('direction')} "
+            who = ("driver program" if rec.get("channel") == "driver"
+                   else f"engine {rec.get('rank')}")
+            head = (f"t={rec.get('t')} {who} {rec.get('direction')} "
                     f"{rec.get('channel')} {rec.get('note', '')}")
-            body = rec.get("decoded", rec.get("error", ""))
+            body = rec.get("decoded", rec.get("error", rec.get("line", "")))
             parts.append(f"<pre>{_esc(head)}\n{_esc(json.dumps(body)[:2000])}</pre>"
                          f"<pre class='hex'>{_esc(' | '.join(rec.get('frames_hex', [])))}</pre>")
         parts.append("</div>")

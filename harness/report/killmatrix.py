@@ -24,7 +24,8 @@ from harness.report.writer import load_results
 from harness.verdicts import CaseResult, Verdict
 
 PREFIX = "mutant:"
-HARMLESS = (Verdict.PASS, Verdict.INFO, Verdict.UNSUPPORTED)
+# NOT-RUN: its frontend was stopped (harness/failfast.py); the case proved nothing.
+HARMLESS = (Verdict.PASS, Verdict.INFO, Verdict.UNSUPPORTED, Verdict.NOT_RUN)
 RECORD_FORMAT = 1
 # Deterministic verdicts first: a TIMEOUT costs its whole window, an ERROR may be a fault.
 _VERDICT_RANK = {Verdict.FAIL.value: 0, Verdict.NON_STRICT.value: 1,

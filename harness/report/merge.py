@@ -5,7 +5,8 @@ shard 1/1). Inputs are grouped by their selection (frontends, -k, -m, paths), so
 matrix of frontend x shard merges in one call; within a group the shards must be exactly
 1..n of one n, and no item (case x frontend) may come from two inputs. The merged set is
 what the unsharded run would have written: results.json, report.html, junit.xml and the
-transcripts, and the exit code of docs/cli.md.
+transcripts, and the exit code of docs/cli.md (6 when a shard stopped a frontend that
+could not start: harness/failfast.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import msgspec
 
 from harness.baseline import Baseline, apply_baseline
+from harness.failfast import EXIT_FRONTEND_STOPPED, Stop
 from harness.report.reportdir import TRANSCRIPTS, clear_report_set
 from harness.report.schema import (
     MergedFrom,
@@ -29,7 +31,7 @@ from harness.report.schema import (
     read_document,
 )
 from harness.report.writer import write_document
-from harness.verdicts import CaseResult, Verdict
+from harness.verdicts import CaseResult
 
 EXIT_PASS, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_NO_CASE = 0, 1, 2, 5
 
@@ -73,6 +75,7 @@ class Merged:
     failing: dict[str, str] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     outside: dict[str, int] = field(default_factory=dict)  # shard -> errors outside cases
+    stops: list[Stop] = field(default_factory=list)  # frontends a shard stopped
 
 
 def load_shard(directory: str) -> ShardRun:
@@ -259,12 +262,15 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
     reasons = _partial_reasons(runs)
     outside = {r.label(): int(r.meta.failed_outside_cases or 0) for r in runs}
     outside = {label: count for label, count in outside.items() if count}
+    stops = sorted({stop.frontend: stop for run in runs
+                    for stop in (run.meta.stopped or [])}.values(), key=lambda s: s.frontend)
     meta = msgspec.structs.replace(
         runs[0].meta, shard=None, partial=bool(reasons),
         merged_from=[MergedFrom(r.directory, list(r.shard)) for r in runs],
         selection=_merged_selection(runs), failing=failing,
         failed_outside_cases=sum(outside.values()),
-        partial_reason="; ".join(reasons) if reasons else msgspec.UNSET)
+        partial_reason="; ".join(reasons) if reasons else msgspec.UNSET,
+        stopped=stops or msgspec.UNSET)
     doc = ResultsDocument(meta, results)
     paths = write_document(doc, out)
     junit = os.path.join(out, "junit.xml")
@@ -272,13 +278,15 @@ def merge_runs(directories: list[str], out: str, baseline: Baseline | None = Non
         paths["junit"] = junit
     if reasons:
         code = EXIT_INTERRUPTED
+    elif stops:
+        code = EXIT_FRONTEND_STOPPED
     elif failing or outside:
         code = EXIT_FAILURE
     elif not results:
         code = EXIT_NO_CASE
     else:
         code = EXIT_PASS
-    return Merged(doc, code, failing, paths, outside)
+    return Merged(doc, code, failing, paths, outside, stops)
 
 
 def _merged_selection(runs: list[ShardRun]) -> dict[str, Any]:
@@ -290,30 +298,20 @@ def _merged_selection(runs: list[ShardRun]) -> dict[str, Any]:
     return {"frontends": frontends, "groups": list(selections.values())}
 
 
-def summary_lines(merged: Merged) -> list[str]:
-    """The terminal summary of `corewire run`, for the merged run."""
-    results = merged.doc.results
+def summary_lines(merged: Merged, verbose: bool = False) -> list[str]:
+    """The terminal summary of `corewire run` (harness/report/summary.py), for the merged
+    run."""
+    from harness.report.summary import SummaryInput
+    from harness.report.summary import summary_lines as verdict_lines
+
     meta = merged.doc.meta
     lines = []
     if meta.partial:
         reason = None if meta.partial_reason is msgspec.UNSET else meta.partial_reason
-        lines.append(f"PARTIAL: {reason}; {len(results)} finished cases "
+        lines.append(f"PARTIAL: {reason}; {len(merged.doc.results)} finished cases "
                      f"reported")
-    counts: dict[str, int] = {}
-    for row in results:
-        counts[row.verdict.value] = counts.get(row.verdict.value, 0) + 1
-    lines.append("  ".join(f"{v.value}={counts.get(v.value, 0)}" for v in Verdict))
-    for row in results:
-        name = f"{row.case_id}[{row.frontend}]"
-        failing = merged.failing.get(name)
-        verdict = row.verdict.value
-        if row.verdict is Verdict.PASS and failing is None:
-            continue
-        flag = " (baselined)" if row.baseline else ""
-        why = failing if failing is not None and not failing.startswith(verdict) \
-            else row.message
-        line = f"{verdict:<11} {name}{flag}: {why}"
-        lines.append(line.splitlines()[0][:200])
+    lines += verdict_lines(SummaryInput(merged.doc.results, merged.failing, merged.stops,
+                                        verbose))
     for label, count in merged.outside.items():
         lines.append(f"ERROR       {label}: {count} error(s) outside any case (e.g. a leak "
                      f"found at session end); see that shard's junit.xml")

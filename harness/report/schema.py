@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from harness.failfast import Stop
 from harness.verdicts import CaseResult
 
 UNSET = msgspec.UNSET
@@ -52,6 +53,7 @@ class RunMeta(msgspec.Struct):
     partial: bool | msgspec.UnsetType = UNSET  # the run stopped early (an interrupt)
     merged_from: list[MergedFrom] | msgspec.UnsetType = UNSET
     partial_reason: str | msgspec.UnsetType = UNSET
+    stopped: list[Stop] | msgspec.UnsetType = UNSET  # frontends stopped (harness/failfast.py)
 
     def label(self, name: str) -> str:
         """A label the renderers print; its absence is the file's fault, said so."""

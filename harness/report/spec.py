@@ -33,7 +33,7 @@ BASIS_TEXT = {
 }
 SHORT = {"PASS": "holds", "NON-STRICT": "does not hold (SHOULD)", "FAIL": "FAILS",
          "n/a": "not observable through its surface", "INFO": "recorded",
-         "ERROR": "ERROR", "TIMEOUT": "TIMEOUT", "": "not run"}
+         "ERROR": "ERROR", "TIMEOUT": "TIMEOUT", "NOT-RUN": "not run", "": "not run"}
 AREA_TITLES = {"handshake": "Startup: handshake, registration and the ready response",
                "dp": "Data parallelism: routing, load, waves, the DP coordinator, fan-out",
                "abort": "Aborts", "failure": "Failure semantics",

@@ -42,6 +42,7 @@ def results_document(results: list[CaseResult], profile: ProtocolProfile | None 
                    partial=partial is not None)
     if partial is not None:
         meta.partial_reason = partial
+    meta.stopped = facts.stopped
     return ResultsDocument(meta, ordered)
 
 

@@ -39,6 +39,7 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.stderr_capture import StderrCapture
+from harness.frontends.subprocess.exchange import FROM_DRIVER, TO_DRIVER, ExchangeLog
 from harness.frontends.subprocess.protocol import (
     MAX_LINE,
     PROTOCOL,
@@ -132,6 +133,8 @@ class SubprocessDriver(FrontendDriver):
         self._shutdown_answered = False  # lines after the reply to `shutdown` are not graded
         self._abandoned: set[int] = set()  # command ids whose late replies are ignored
         self.leftovers: list[str] = []  # what teardown had to clean up after the program
+        self.exchange = ExchangeLog()  # the protocol lines, for the case's transcript
+        self.launched = False  # the program answered `init` (failfast: it came up)
 
     @property
     def command_timeout(self) -> float:
@@ -175,6 +178,7 @@ class SubprocessDriver(FrontendDriver):
                     raise DriverProgramFault(f"{what} {self._pending_text()}".rstrip())
                 if not line.strip():
                     continue
+                self.exchange.record(FROM_DRIVER, line)
                 try:
                     try:
                         self._dispatch(decode_line(line))
@@ -290,7 +294,9 @@ class SubprocessDriver(FrontendDriver):
         sent = time.monotonic()
         self._pending[cid] = (cmd, sent, future)
         try:
-            self._proc.stdin.write(encode_line({"id": cid, "cmd": cmd, **args}))
+            line = encode_line({"id": cid, "cmd": cmd, **args})
+            self.exchange.record(TO_DRIVER, line)
+            self._proc.stdin.write(line)
             try:
                 await self._proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
@@ -331,8 +337,10 @@ class SubprocessDriver(FrontendDriver):
             return
         cid = next(self._ids)
         self._abandoned.add(cid)
+        line = encode_line({"id": cid, "cmd": cmd, **args})
+        self.exchange.record(TO_DRIVER, line)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-            self._proc.stdin.write(encode_line({"id": cid, "cmd": cmd, **args}))
+            self._proc.stdin.write(line)
 
     async def start(self, group: EngineSide, timeout: float) -> None:
         await self._spawn()
@@ -344,6 +352,7 @@ class SubprocessDriver(FrontendDriver):
             stats_address=group.stats_address, timescale=self.scaled(1.0),
             **({"handshake": True} if group.handshake else {}),
             **({"coordinator": True} if group.coordinated else {}))
+        self.launched = True
         try:
             self.version = answered_version(reply)
         except DriverProtocolError as exc:
@@ -368,6 +377,24 @@ class SubprocessDriver(FrontendDriver):
         else:
             group.start_bootstrapped(list(reply["inputs"]), list(reply["outputs"]))
         await self._command("wait_ready", timeout=timeout + self.scaled(1.0), timeout_s=timeout)
+
+    async def introduce(self, timeout: float) -> str | None:
+        """Start the program, send `init` (one engine, bootstrapped) and stop it again: the
+        `name` it answers (None if it answers none within `timeout`). The run's probe for
+        a frontend's name (harness/frontends/naming.py); no engine is ever started."""
+        await self._spawn()
+        assert self._workdir is not None
+        try:
+            reply = await self._command(
+                "init", timeout=timeout, protocol=PROTOCOL, workdir=self._workdir.name,
+                engines=[{"rank": 0}], dp_size=1, stats_address=None,
+                timescale=self.scaled(1.0))
+            name = reply.get("name")
+            return name if isinstance(name, str) else None
+        except (DriverFault, CommandTimeout, FrontendError):
+            return None
+        finally:
+            await self.shutdown()
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                        stream: bool = True, data_parallel_rank: int | None = None,
