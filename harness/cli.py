@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.locations import IMPORT_ROOT, RUN_INI, MissingInstallError, require_cases_dir

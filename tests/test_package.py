@@ -50,9 +50,6 @@ INSTALLED_TEST_TIMEOUT = BUILD_TIMEOUT + INSTALL_TIMEOUT + 2 * RUN_TIMEOUT
 # msgspec only), copied into the recipe's directory as the port's repository and run by
 # the recipe's own COREWIRE_FRONTEND ("subprocess:python driver.py").
 EXAMPLE_PORT = ROOT / "fixtures" / "example_port" / "driver.py"
-# TODO(example port): drop this fallback once fixtures/example_port/driver.py is on this
-# branch (it is on main): until then the recipes run the reference driver program.
-FALLBACK_FRONTEND = "subprocess:python -m harness.frontends.subprocess.program"
 RECIPE_BEGIN = "# corewire-recipe: begin"
 RECIPE_END = "# corewire-recipe: end"
 
@@ -371,10 +368,7 @@ def test_the_ci_recipe_gates_a_port_from_its_own_repository(installed: Installed
     checkout (COREWIRE_SPEC) and running the recipe's own COREWIRE_FRONTEND."""
     recipe = recipes()[system]
     frontend = recipe.variables["COREWIRE_FRONTEND"]
-    if EXAMPLE_PORT.is_file():
-        shutil.copy(EXAMPLE_PORT, tmp_path / "driver.py")
-    else:
-        frontend = FALLBACK_FRONTEND
+    shutil.copy(EXAMPLE_PORT, tmp_path / "driver.py")
     env = {**installed.env(), "COREWIRE_SPEC": str(installed.wheel),
            "COREWIRE_FRONTEND": frontend, "COREWIRE_ARGS": "-k abort.drop.single -n 0"}
     proc = subprocess.run(["bash", "-eu", "-o", "pipefail", "-c", recipe.steps], cwd=tmp_path,
