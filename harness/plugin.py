@@ -104,6 +104,8 @@ def pytest_configure(config: pytest.Config) -> None:
         baseline = Baseline.load(path) if path and os.path.exists(path) else None
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not _is_worker(config) and _writes_report_set(config):
+        _lock_report_dir(config)  # before anything slow (naming probes a driver program)
     session = CorewireSession(timescale, baseline, _profile(config), _is_worker(config))
     try:
         session.frontends = _named_frontends(config, timescale)
@@ -114,8 +116,6 @@ def pytest_configure(config: pytest.Config) -> None:
     _leave_junit_to_us(config)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, f"corewire-session-{id(session)}")
-    if not _is_worker(config) and _writes_report_set(config):
-        _lock_report_dir(config)
 
 
 REPORT_DIR_LOCK = pytest.StashKey[ReportDirLock]()
@@ -200,7 +200,9 @@ def _start_failures(config: pytest.Config) -> failfast.StartFailures:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: a worker gets the run's frontend names and start-failure record."""
-    run = session_of(node.config)
+    run = _session(node.config)
+    if run is None:
+        return
     node.workerinput[WORKER_FRONTENDS] = [[f.name, f.spec] for f in run.frontends]
     if run.failfast is not None:
         node.workerinput[failfast.WORKER_KEY] = run.failfast.directory
@@ -331,13 +333,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    lock = config.stash.get(REPORT_DIR_LOCK, None)
+    if lock is not None:  # also when configure failed after taking it
+        lock.release()
     run = _session(config)
     if run is None:
         return
     interrupts.restore()
-    lock = config.stash.get(REPORT_DIR_LOCK, None)
-    if lock is not None:
-        lock.release()
     if run.failfast is not None and not run.worker:
         run.failfast.remove()
     if config.pluginmanager.is_registered(run):
@@ -358,6 +360,9 @@ def pytest_testnodeready(node: Any) -> None:
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
     """xdist controller: a worker died mid-case; the case gets its ERROR row and what the
     worker left running is ended (harness/worker_crash.py)."""
+    config = getattr(sched, "config", None)
+    if config is not None and _session(config) is None:
+        return
     from harness.worker_crash import crashed_case
 
     crashed_case(crashitem, report)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = "COREWIRE_WORKER_CRASH_TEST"
 CASE = "streaming.finish.length"
 KILLER = f"subprocess:{os.path.relpath(sys.executable, ROOT)} tests/worker_killer.py"
+NAME = "killer"  # its stable name (--frontend NAME=SPEC): rows, JUnit and summary use it
 
 
 def test_a_worker_killed_mid_case_is_that_cases_error(tmp_path: Path) -> None:
@@ -33,7 +34,7 @@ def test_a_worker_killed_mid_case_is_that_cases_error(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     env = {**os.environ, "TMPDIR": str(tmp), MARK: mark, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-n", "1",
-            "-p", "no:cacheprovider", "-k", CASE, "--frontend", KILLER,
+            "-p", "no:cacheprovider", "-k", CASE, "--frontend", f"{NAME}={KILLER}",
             "--frontend", "reference", "--report-dir", str(reports)]
     started = time.monotonic()
     try:
@@ -45,14 +46,14 @@ def test_a_worker_killed_mid_case_is_that_cases_error(tmp_path: Path) -> None:
         assert "outside any case" not in proc.stdout, output
         rows = {r["frontend"]: r for r in
                 json.loads((reports / "results.json").read_text())["results"]}
-        assert sorted(rows) == sorted([KILLER, "reference"]), output
+        assert sorted(rows) == sorted([NAME, "reference"]), output
         assert rows["reference"]["verdict"] == Verdict.PASS.value, output
-        crashed = rows[KILLER]
+        crashed = rows[NAME]
         assert crashed["verdict"] == Verdict.ERROR.value, crashed
         assert "worker running the case crashed (killed by SIGKILL)" in crashed["message"]
         notes = "\n".join(crashed["evidence"]["notes"])
         assert "teardown by the controller: ended 2 process(es)" in notes, notes
-        assert f"ERROR       {CASE}[{KILLER}]" in proc.stdout, output
+        assert f"ERROR       {CASE}[{NAME}]" in proc.stdout, output
         assert elapsed < 120, f"{elapsed:.1f} s"
         # Nothing of the run survives it: not the program, not its daemon, no temp dir.
         left = process_tree.marked(MARK, mark, process_tree.process_table())
