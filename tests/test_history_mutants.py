@@ -162,9 +162,9 @@ def _stopped_text(cls: type[ReferenceFrontendCore], stop: list[str],
 
 
 def test_stop_first_listed(fired: list[str]) -> None:
-    # " t12": "t12" starts at 1, "2" at 3; both complete with the one token.
-    assert _stopped_text(ReferenceFrontendCore, ["2", "t12"], [[12]]) == (" ", "stop")
-    assert _stopped_text(mh.StopFirstListed, ["2", "t12"], [[12]]) == (" t1", "stop")
+    # " t12": "t1" starts at 1 and completes first, "2" (listed first) completes last.
+    assert _stopped_text(ReferenceFrontendCore, ["2", "t1"], [[12]]) == (" ", "stop")
+    assert _stopped_text(mh.StopFirstListed, ["2", "t1"], [[12]]) == (" t1", "stop")
     assert fired == ["hist_stop_first_listed"]
 
 

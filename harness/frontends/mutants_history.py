@@ -97,7 +97,8 @@ class StopFirstListed(ReferenceFrontendCore):
     """vLLM PR #50200 ("[Bugfix][Rust Frontend] Select earliest-completing stop string"):
     the Rust frontend's matches_stop_string took the first stop string in list order that
     matched in the window, not the one that completes earliest in the text; with two stops
-    completing in one token (stop=["lo", "ell"], token "hello") it cut at the wrong one."""
+    completing in one token (stop=["lo", "ell"], token "hello") it cut at the wrong one.
+    Here: of the stop strings the text holds, the first listed wins."""
 
     def stop_position(self, state: RequestState) -> int:
         text = state.handle.text + state.held_text
