@@ -119,10 +119,13 @@ class StopAtTokenEndOnly(ReferenceFrontendCore):
 
     def stop_position(self, state: RequestState) -> int:
         text = state.handle.text + state.held_text
+        first = super().stop_position(state)
         for stop in state.stop:
             if text.endswith(stop):
+                if len(text) - len(stop) != first:  # an earlier occurrence was passed over
+                    fired("hist_stop_at_token_end_only")
                 return len(text) - len(stop)
-        if super().stop_position(state) >= 0:
+        if first >= 0:
             fired("hist_stop_at_token_end_only")
         return -1
 
