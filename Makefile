@@ -12,7 +12,7 @@ XDIST  ?= 2
 export VLLM_HOST_IP := 127.0.0.1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench conformance test history compliance coverage spec mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
+.PHONY: bench conformance test history compliance coverage spec mutants history-mutants mutation mutation-recheck venv venv-vllm chromium lint clean profiles
 
 venv: $(CORE_STAMP)
 venv-vllm: $(VLLM_STAMP)
@@ -97,6 +97,14 @@ MUTANT_WORKERS ?= 10
 KILL_MATRIX_ARGS ?=
 mutants: $(CORE_STAMP)
 	$(BIN)/python scripts/kill_matrix.py --workers $(MUTANT_WORKERS) $(KILL_MATRIX_ARGS)
+
+# The history mutants (bug classes from vLLM's own history, HISTORY_MUTANTS in
+# harness/frontends/mutants.py; not in the kill matrix): the whole suite against each, one
+# at a time, with the firing check; recorded in fixtures/history-mutants.json (commit it),
+# summarised in docs/mutation-history.md. `make history-mutants HISTORY_ARGS=NAME` re-runs one.
+HISTORY_ARGS ?=
+history-mutants: $(CORE_STAMP)
+	$(BIN)/python scripts/history_matrix.py --workers 2 $(HISTORY_ARGS)
 
 # mutmut over the reference frontend, killed by the conformance suite: docs/mutation.md
 # (score, every survivor judged in fixtures/mutation/equivalent.json) and the sample of

@@ -4,6 +4,10 @@ A conformance case that no broken frontend can fail proves nothing, so the self-
 (tests/test_mutants.py) runs the suites against every mutant, asserts each one is caught,
 and reports the kill matrix. Each mutant core overrides one rule of the reference core;
 the cores live in their area's module (mutants_<area>.py), this module only names them.
+
+`HISTORY_MUTANTS` are bug classes taken from vLLM's own history (mutants_history.py,
+docs/mutation-history.md): runnable as `mutant:NAME` like the others, but not in the kill
+matrix until a case catches each one (then its row moves to `MUTANTS`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from harness.frontends import mutants_edges_b as eb
 from harness.frontends import mutants_edges_c as ec
 from harness.frontends import mutants_edges_d as ed
 from harness.frontends import mutants_edges_e as ee
+from harness.frontends import mutants_history as mh
 from harness.frontends import mutants_inputs as mi
 from harness.frontends import mutants_streaming as ms
 from harness.frontends import mutants_utility as mu
@@ -35,6 +40,7 @@ class Mutant:
     core: CoreFactory
     frontend_kwargs: dict[str, Any] | None = None
     frontend_class: type[ReferenceFrontend] = ReferenceFrontend  # for bugs in the I/O layer
+    source: str = ""  # where the bug comes from (history mutants: the vLLM issue / PR)
 
 
 def _by_name(mutants: list[Mutant]) -> dict[str, Mutant]:
@@ -440,6 +446,66 @@ MUTANTS: dict[str, Mutant] = _by_name([
 ])
 
 
+_VLLM = "https://github.com/vllm-project/vllm/"
+
+# Bug classes from vLLM's own history (docs/mutation-history.md). Not in the kill matrix:
+# they measure the suite before cases are written for them; a row moves to MUTANTS once a
+# case catches its mutant (and `make mutants KILL_MATRIX_ARGS=--incremental` records it).
+HISTORY_MUTANTS: dict[str, Mutant] = _by_name([
+    Mutant("hist_lb_first_engine_until_stats", "unpinned requests all go to the first "
+           "engine until the first load report arrives", mh.FirstEngineUntilStats,
+           source=_VLLM + "pull/22910"),
+    Mutant("hist_lb_fixed_tie_break", "load ties always go to the lowest rank (no "
+           "rotating scan start)", mh.FixedTieBreak, source=_VLLM + "pull/47420"),
+    Mutant("hist_stop_first_listed", "of two stop strings completing in one token, the "
+           "first listed wins, not the earliest in the text", mh.StopFirstListed,
+           source=_VLLM + "pull/50200"),
+    Mutant("hist_stop_at_token_end_only", "a stop string matches only where the text ends "
+           "(aligned to a token end)", mh.StopAtTokenEndOnly, source=_VLLM + "pull/3672"),
+    Mutant("hist_stop_no_holdback", "no text held back for stop strings: the start of one "
+           "spanning tokens is streamed", mh.StopNoHoldback, source=_VLLM + "pull/3672"),
+    Mutant("hist_prompt_text_leaked", "the prompt's text leaks into the first streamed "
+           "delta", mh.PromptTextLeaked, source=_VLLM + "issues/48853"),
+    Mutant("hist_id_freed_before_abort", "a dropped stream's id is freed before its ABORT "
+           "is sent; a reuse of the id is aborted instead", mh.IdFreedBeforeAbort,
+           source=_VLLM + "pull/24382"),
+    Mutant("hist_abort_by_external_id", "engine-side ids suffixed, ABORTs sent with the "
+           "client's id", mh.AbortByExternalId, source=_VLLM + "pull/27987"),
+    Mutant("hist_abort_before_tracked_lost", "an explicit abort before the request's first "
+           "output is lost", mh.AbortBeforeTrackedLost, source=_VLLM + "pull/47173"),
+    Mutant("hist_rank_checked_against_count", "a pinned rank is checked against the engine "
+           "count and addressed as a global index", mh.RankCheckedAgainstCount,
+           source=_VLLM + "pull/51178"),
+    Mutant("hist_stale_start_wave_rewinds", "a stale start_wave while paused rewinds the "
+           "coordinator's wave", mh.StaleStartWaveRewinds, source=_VLLM + "pull/46833"),
+    Mutant("hist_utility_engine_zero_answer", "every utility answered with engine 0's "
+           "result", mh.UtilityEngineZeroAnswer, source=_VLLM + "pull/43429"),
+    Mutant("hist_calls_pending_after_receiver_stop", "pending utility calls fail only on "
+           "ENGINE_CORE_DEAD, not when the output path breaks otherwise",
+           ReferenceFrontendCore, frontend_class=mh.CallsPendingAfterReceiverStop,
+           source=_VLLM + "pull/56416"),
+    Mutant("hist_late_reply_after_cancel_fatal", "a reply to a cancelled or timed-out "
+           "utility call kills the client", mh.LateReplyAfterCancelFatal,
+           source=_VLLM + "pull/56416"),
+    Mutant("hist_connection_loss_not_death", "a lost engine connection is not engine "
+           "death", mh.ConnectionLossNotDeath, source=_VLLM + "pull/21728"),
+    Mutant("hist_kv_params_not_forwarded", "kv_transfer_params never reaches the ADD",
+           mh.KvParamsNotForwarded, source=_VLLM + "pull/42644"),
+    Mutant("hist_session_abort_is_boundary", "an engine ABORT of a session's segment is "
+           "taken as a segment boundary", mh.SessionAbortIsBoundary,
+           source=_VLLM + "pull/53861"),
+])
+
+
+def _runnable(*tables: dict[str, Mutant]) -> dict[str, Mutant]:
+    """Every mutant `mutant:NAME` can name; a name in two tables is refused."""
+    return _by_name([mutant for table in tables for mutant in table.values()])
+
+
+# What `--frontend mutant:NAME` resolves against: the kill matrix's and the history ones.
+RUNNABLE_MUTANTS: dict[str, Mutant] = _runnable(MUTANTS, HISTORY_MUTANTS)
+
+
 # Cases that no mutant is expected to fail, with the reason (reported in the kill matrix).
 JUSTIFIED_IDLE_CASES: dict[str, str] = {
     "handshake.ready.empty_payload": "INFO case: it records what the frontend does with an "
@@ -456,9 +522,10 @@ JUSTIFIED_IDLE_CASES: dict[str, str] = {
 
 def make_mutant_driver(name: str) -> ReferenceDriver:
     try:
-        mutant = MUTANTS[name]
+        mutant = RUNNABLE_MUTANTS[name]
     except KeyError:
-        raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}") from None
+        raise ValueError(f"unknown mutant {name!r}; known: {sorted(RUNNABLE_MUTANTS)}"
+                         ) from None
     return ReferenceDriver(mutant.core, name=f"mutant:{name}",
                            frontend_kwargs=mutant.frontend_kwargs,
                            frontend_class=mutant.frontend_class)

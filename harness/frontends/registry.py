@@ -97,9 +97,9 @@ def check_spec(spec: str) -> None:
 
             release_of(spec)  # ReleaseSpecError is a ValueError with the one line
     elif parsed.kind == "mutant":
-        from harness.frontends.mutants import MUTANTS
+        from harness.frontends.mutants import RUNNABLE_MUTANTS
 
-        lookup(MUTANTS, parsed.argument, "mutant")
+        lookup(RUNNABLE_MUTANTS, parsed.argument, "mutant")
     elif parsed.is_component:
         from harness.components import component_slot
 

@@ -37,10 +37,10 @@ def resolve_core(spec: str) -> CoreFactory:
     if parsed.kind == "reference":
         return ReferenceFrontendCore
     if parsed.kind == "mutant":
-        from harness.frontends.mutants import MUTANTS
+        from harness.frontends.mutants import RUNNABLE_MUTANTS
         from harness.frontends.reference.frontend import ReferenceFrontend
 
-        mutant = lookup(MUTANTS, parsed.argument, "mutant")
+        mutant = lookup(RUNNABLE_MUTANTS, parsed.argument, "mutant")
         if mutant.frontend_class is not ReferenceFrontend:
             raise ValueError(f"core spec {spec!r}: that mutant's bug is in the I/O layer "
                              f"({mutant.frontend_class.__name__}), which the stateful "
