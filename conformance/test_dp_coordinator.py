@@ -9,10 +9,14 @@ so the other engines join a wave one of them started (coordinator.py:412-456;
 coordinator/inproc.rs:96-130). vLLM runs wave coordination for MoE models (utils.py:1268
 `enable_wave_coordination=is_moe`; vllm-rs `serve` starts its coordinator for MoE with >1
 engine, server/src/config.rs:384-401). A driver that cannot run such a frontend refuses the
-start: UNSUPPORTED with its reason.
+start: UNSUPPORTED with its reason. A start_wave older than the coordinator's wave (an
+engine's late notice, after wave_complete moved the wave on) changes nothing in either
+(coordinator.py:426-428, inproc.rs:113-115; vLLM PR #46833 fixed the Rust one rewinding).
 """
 
 from __future__ import annotations
+
+import time
 
 from harness.case_context import CaseContext
 from harness.casekit import prompt, request_for
@@ -249,3 +253,78 @@ async def stats_only_tolerated(ctx: CaseContext) -> None:
     ctx.require(handle.finish_reason == "length",
                 expected="the frontend still serves after stats-only messages",
                 observed=f"{handle.finish_reason} error={handle.error}")
+
+
+# A start_wave older than the coordinator's wave changes nothing (PR #46833 in vllm-rs).
+STALE = both(
+    py("vllm/v1/engine/coordinator.py:416", "if current_wave <= wave:"),
+    py("vllm/v1/engine/coordinator.py:427", "wave > current_wave"),
+    py("vllm/v1/engine/coordinator.py:428",
+       "or (wave == current_wave and not engines_running)"),
+    py("vllm/v1/engine/coordinator.py:440",
+       "self._send_start_wave(publish_back, wave, eng_index)"),
+    py("vllm/v1/engine/core_client.py:1610", "request.current_wave = self.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:105",
+       "state.current_wave = wave + 1;"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:114",
+       "if wave > state.current_wave"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:115",
+       "|| (wave == state.current_wave && !state.engines_running)"),
+    rs("rust/src/engine-core-client/src/coordinator/inproc.rs:130",
+       "self.broadcast_start_wave(wave, Some(engine_index)).await?;"),
+    rs("rust/src/engine-core-client/src/client.rs:662",
+       "req.current_wave = coordinator.snapshot().current_wave;"),
+)
+
+
+async def _stamped_wave(ctx: CaseContext, group: EngineGroup, seed: int, rank: int) -> int | None:
+    """The current_wave on the ADD of one finished request pinned to `rank`."""
+    p = prompt(seed)
+    await (await ctx.driver.generate(p, 2, data_parallel_rank=rank)).wait(ctx.t(3))
+    return next((r.current_wave for r in group.transcript.adds(rank)
+                 if r.prompt_token_ids == p), None)
+
+
+for _n, _stale in ((2, 1), (3, 2)):
+    def _make_stale(n: int = _n, stale: int = _stale) -> None:
+        @case(f"dp.coordinator.stale_start_wave_ignored_{n}_engines", Level.MUST,
+              f"With {n} engines, once wave 0 ran and wave_complete(0) moved the coordinator "
+              f"to wave 1 (paused), engine {stale}'s late start_wave(0) is stale: nothing is "
+              "rebroadcast and the wave is not rewound (the next ADD carries current_wave 1; "
+              f"engine {stale}'s start_wave(1) afterwards is the only START_DP_WAVE after "
+              "(0, 0)).", grounds=STALE, needs=GEN)
+        async def stale_start_wave(ctx: CaseContext) -> None:
+            group = await ctx.start(n, coordinated=True)
+            group[0].start_wave(0)
+            started = await _rebroadcast_seen(ctx, group, (0, 0))
+            ctx.require(started, expected="START_DP_WAVE (0, 0) at every engine",
+                        observed=_all_waves(group))
+            group[0].wave_complete(0)
+            # Probe (bounded) until the frontend stamps wave 1: wave_complete(0) was taken.
+            seen: list[int | None] = []
+            deadline = time.monotonic() + ctx.t(2)
+            while not seen or (seen[-1] != 1 and time.monotonic() < deadline):
+                if seen:
+                    await ctx.quiet(0.02)
+                seen.append(await _stamped_wave(ctx, group, 50 + len(seen), 0))
+            ctx.require(seen[-1] == 1, expected="ADDs carry current_wave 1 after "
+                                                "wave_complete(0) (precondition)",
+                        observed=f"current_wave on successive ADDs: {seen}")
+            group[stale].start_wave(0)  # stale: wave 0 ended
+            # Ends at once on a rebroadcast of the stale wave; otherwise a short bound.
+            await ctx.wait_until(lambda: any(len(_waves(group, e.rank)) > 1
+                                             for e in group.engines), 0.5)
+            after = await _stamped_wave(ctx, group, 190, stale)
+            group[stale].start_wave(1)  # the same engine's next wave: a barrier behind it
+            barrier = await _rebroadcast_seen(ctx, group, (1, stale))
+            waves = _all_waves(group)
+            ctx.require(barrier and all(v == [(0, 0), (1, stale)] for v in waves.values()),
+                        expected=f"START_DP_WAVE (0, 0) then (1, {stale}) only, at every "
+                                 f"engine: the stale start_wave(0) not rebroadcast",
+                        observed=waves)
+            ctx.require(after == 1, expected="the ADD after the stale start_wave(0) carries "
+                                             "current_wave 1",
+                        observed=f"current_wave {after}")
+
+        globals()[f"stale_start_wave_{n}"] = stale_start_wave
+    _make_stale()

@@ -7,6 +7,12 @@ client/state.rs:202-206) and send nothing for a refused request; both route unpi
 to the engine with the fewest in-flight requests (Python DPLB `core_client.py:1786` floors the
 score at its own in-flight count; Rust `client/state.rs:87-92` routing_score likewise). A
 negative rank differs: vllm-rs's HTTP server treats a rank header that is not a u32 as absent.
+
+Two more places where they differ, each SHOULD: a tie between equally loaded engines (Python
+rotates where its scan starts, PR #47420; vllm-rs always takes the lowest engine), and what a
+pin names when the frontend's engines start above rank 0 (vllm-rs: the global rank; Python:
+an index into the engines it manages). That a pin never reaches an engine the frontend lacks
+holds in both (MUST).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from harness.frontends.driver import Capability, FrontendError, StreamHandle
 from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
+from mock_engines.group import EngineGroup
 from mock_engines.script import Emit, EngineScript, Finish, any_request, by_prompt
 
 CC = "vllm/v1/engine/core_client.py"
@@ -382,3 +389,176 @@ async def burst_even_despite_stale_snapshot(ctx: CaseContext) -> None:
     ctx.require(len(owners) == 6 and per_engine == [0, 2, 2, 2],
                 expected="the 6 unpinned requests 0 / 2 / 2 / 2 over engines 0-3",
                 observed=per_engine)
+
+
+# ----------------------------------------------------------------- ties between engines
+
+# Python rotates where its least-loaded scan starts (PR #47420), so equal scores go round;
+# vllm-rs takes the first minimum of a BTreeMap, so every tie goes to the lowest engine.
+TIE = differ(
+    py(f"{CC}:1776", "idx = (self.eng_start_index + i) % num_engines"),
+    py(f"{CC}:1801", "# Rotate the scan start so that ties (equal scores, e.g. right"),
+    py(f"{CC}:1806", "self.eng_start_index = (self.eng_start_index + 1) % num_engines"),
+    rs(f"{RS}:137", "routing_per_engine: BTreeMap<EngineId, EngineRoutingState>,"),
+    _RS_MIN,
+    rs(f"{RS}:1007",
+       "fn registry_preserves_tie_order_across_finished_requests_and_stats_refreshes() {"),
+    rs(f"{RS}:1029", 'expect_test::expect!["[2, 2, 2, 2, 2, 2]"]'),
+    note="python rotates the start of its least-loaded scan after every unpinned request "
+         "(core_client.py:1776, 1801-1806, PR #47420 'avoid systematic engine bias'), so "
+         "equally loaded engines take turns; vllm-rs keeps its engines in a BTreeMap and "
+         "takes min_by_key, the first minimum (state.rs:137, 219), so a tie always goes to "
+         "the lowest engine id, which its test expects (state.rs:1007-1029: [2, 2, 2, 2, 2, "
+         "2]). The bias is an imbalance, not a hang or lost data: SHOULD")
+
+
+async def _ties_rotate(ctx: CaseContext, engines: int, busy: int | None) -> None:
+    """Engine `busy` (if any) holds one pinned request; `engines` unpinned requests follow,
+    each finished before the next is sent, so the other engines tie at every choice."""
+    held = prompt(1000)
+    # report_finished: real DP engines list finished ids, which the Python DPLB relies on.
+    group = await ctx.start([EngineScript(rules=[by_prompt(held, hold())],
+                                          report_finished=True) for _ in range(engines)])
+    if busy is not None:
+        await (await ctx.driver.generate(held, 50, data_parallel_rank=busy)
+               ).wait_first(ctx.t(3))
+    tied = [r for r in range(engines) if r != busy]
+    owners: list[int | None] = []
+    for i in range(engines):
+        p = prompt(1001 + i)
+        handle = await ctx.driver.generate(p, 2)
+        await handle.wait(ctx.t(3))
+        found = request_for(group, p)
+        owners.append(found[0] if found else None)
+    ctx.require(sorted({o for o in owners if o is not None}) == tied and None not in owners,
+                expected=f"the {engines} requests reach every one of the equally loaded "
+                         f"engines {tied}" + (f" (engine {busy} holds one)" if busy is not
+                                                None else ""),
+                observed=f"at engines {owners}, in order")
+
+
+for _n, _busy in ((2, None), (3, None), (3, 0)):
+    def _make_ties(n: int = _n, busy: int | None = _busy) -> None:
+        label = f"{n}_engines" + (f"_{busy}_busy" if busy is not None else "")
+        setting = (f"engine {busy} holds one request and the others are idle"
+                   if busy is not None else "every engine is idle")
+        tied = n - (busy is not None)
+
+        @case(f"dp.routing.ties_rotate_{label}", Level.SHOULD,
+              f"With {n} engines where {setting}, {n} unpinned requests sent one after "
+              f"another (each finished before the next, so the {tied} idle engines tie at "
+              f"every choice) should not all go to one engine: every idle engine gets one "
+              "(ties rotate, not broken by a fixed order).", grounds=TIE, needs=PINNED)
+        async def ties_rotate(ctx: CaseContext) -> None:
+            await _ties_rotate(ctx, n, busy)
+
+        globals()[f"ties_rotate_{label}"] = ties_rotate
+    _make_ties()
+
+
+# ----------------------------------------------------------------- pins from a start index
+
+_RS_PIN = (
+    rs(f"{RS}:203", "u16::try_from(rank).ok().map(EngineId::from_engine_index)"),
+    rs(f"{RS}:205", ".filter(|engine_id| self.routing_per_engine.contains_key(engine_id))"),
+    rs(f"{RS}:206", ".ok_or_else(|| Error::InvalidDataParallelRank {"),
+    rs(f"{RS}:1241", "fn register_with_rank_uses_global_engine_identity() {"),
+)
+_PY_PIN = (
+    py(f"{IP}:395", "num_ranks = dp_local_size if parallel_config.local_engines_only else dp_size"),
+    py(f"{IP}:396",
+       "if data_parallel_rank is not None and not (0 <= data_parallel_rank < num_ranks):"),
+    py(f"{CC}:754", 'rank.to_bytes(2, "little") for rank in self.engine_ranks_managed'),
+    py(f"{CC}:1808", "chosen_engine = self.core_engines[eng_index]"),
+)
+# Whatever a pin means, it reaches an engine of this frontend or is refused: never lost.
+PIN_NOT_LOST = both(
+    *_PY_PIN, *_RS_PIN,
+    note="python checks the pin against the number of engines it manages (the local count "
+         "in hybrid / external LB, input_processor.py:395-396) and indexes its list of their "
+         "identities with it (core_client.py:754, 1808); vllm-rs sends a pin only to a "
+         "connected engine (state.rs:203-206). What a pin names differs (see "
+         "dp.routing.pin_names_global_rank_*); that an accepted pin reaches an engine of the "
+         "frontend, and any other is refused, holds in both")
+PIN_GLOBAL = differ(
+    *_PY_PIN, *_RS_PIN,
+    note="vllm-rs takes the pin as the global engine rank, served only by a connected engine "
+         "(state.rs:203-206; its test register_with_rank_uses_global_engine_identity serves "
+         "rank 3 on engine 3 and refuses 0, state.rs:1241); python, whose frontend owns "
+         "engines from a nonzero start only in hybrid / external LB, checks the pin against "
+         "its local engine count and indexes its managed engines with it "
+         "(input_processor.py:395-396, core_client.py:754, 1808): a pin is a local index "
+         "there (with engines [2, 3], pin 0 goes to engine 2 and pin 3 is refused; its "
+         "docs speak of ranks in [0, data_parallel_size), token_in_token_out.md:47, which "
+         "agree with a local index only from start 0). vllm-rs chose the global reading in "
+         "PR #51178 (its error names the connected ranks). Neither reading loses a request "
+         "(dp.routing.pin_never_lost_*), so the difference is SHOULD")
+
+
+def _pin_cases(start: int, count: int) -> None:
+    ranks = list(range(start, start + count))
+    pins = list(range(start + count + 1))  # from 0 to one past the highest rank
+    label = f"start_{start}_count_{count}"
+
+    async def outcome(ctx: CaseContext, group: EngineGroup, rank: int, seed: int
+                      ) -> tuple[str, int | None]:
+        """('refused' | 'served' | 'lost' | 'ended ...', the engine its ADD reached)."""
+        p = prompt(seed)
+        try:
+            handle = await ctx.driver.generate(p, 2, data_parallel_rank=rank)
+        except FrontendError as exc:
+            result = f"refused: {exc}"
+        else:
+            try:
+                await handle.wait(ctx.t(3))
+            except TimeoutError:
+                result = "lost: neither completed nor failed within 3 s"
+            else:
+                result = ("served" if handle.finish_reason == "length" else
+                          f"refused: {handle.error}" if handle.finish_reason == "error" else
+                          f"ended {handle.finish_reason}")
+        found = request_for(group, p)
+        return result, (found[0] if found else None)
+
+    @case(f"dp.routing.pin_never_lost_{label}", Level.MUST,
+          f"With engines {ranks} (engine start index {start}), a request pinned to any "
+          f"data_parallel_rank from 0 to {start + count} is either refused with an error "
+          "and sent nowhere, or served to completion by one of the frontend's engines: "
+          "never sent to an engine the frontend does not have (where it would hang).",
+          grounds=PIN_NOT_LOST, needs=PINNED)
+    async def pin_never_lost(ctx: CaseContext) -> None:
+        group = await ctx.start(count, rank_offset=start)
+        for i, rank in enumerate(pins):
+            result, at = await outcome(ctx, group, rank, 1100 + i)
+            ok = ((result.startswith("refused") and at is None)
+                  or (result == "served" and at in ranks))
+            ctx.require(ok, expected=f"data_parallel_rank={rank} refused (no ADD) or served "
+                                     f"by one of engines {ranks}",
+                        observed=f"{result}; ADD at engine {at}")
+
+    @case(f"dp.routing.pin_names_global_rank_{label}", Level.SHOULD,
+          f"With engines {ranks} (engine start index {start}), data_parallel_rank should "
+          f"name the engine's global rank: a request pinned to {ranks[-1]} (the highest) is "
+          f"served by engine {ranks[-1]}, one pinned to {start} by engine {start}, and pins "
+          f"to 0 and {start + count} (ranks outside the group) are refused, not taken as an "
+          "index into the frontend's engines.", grounds=PIN_GLOBAL, needs=PINNED)
+    async def pin_names_global_rank(ctx: CaseContext) -> None:
+        group = await ctx.start(count, rank_offset=start)
+        for i, rank in enumerate((ranks[-1], start)):
+            result, at = await outcome(ctx, group, rank, 1200 + i)
+            ctx.require(result == "served" and at == rank,
+                        expected=f"data_parallel_rank={rank} served by engine {rank}",
+                        observed=f"{result}; ADD at engine {at}")
+        for i, rank in enumerate((0, start + count)):
+            result, at = await outcome(ctx, group, rank, 1210 + i)
+            ctx.require(result.startswith("refused") and at is None,
+                        expected=f"data_parallel_rank={rank} (not a rank of engines "
+                                 f"{ranks}) refused, no ADD",
+                        observed=f"{result}; ADD at engine {at}")
+
+    globals()[f"pin_never_lost_{label}"] = pin_never_lost
+    globals()[f"pin_names_global_rank_{label}"] = pin_names_global_rank
+
+
+for _start, _count in ((2, 2), (1, 3)):
+    _pin_cases(_start, _count)
