@@ -215,14 +215,10 @@ STOP_EARLIEST_COMPLETING = both(
        "AbortCause::StopStringMatched.drop_as(raw_stream);"))
 
 
-@case("streaming.stop_edge.two_complete_in_one_token", Level.MUST,
-      "Two stop strings both completed by one token (' t12' after ' t50', stops '2' and "
-      "'t1'): whatever their order in the stop list, the stream stops at the one that "
-      "completes first ('t1', which also starts first): text exactly ' t50 ', tokens [50, 12], "
-      "'stop', and one ABORT to its engine.",
-      grounds=STOP_EARLIEST_COMPLETING, needs=STOP_NEEDS)
-async def stop_edge_two_complete_in_one_token(ctx: CaseContext) -> None:
-    orders = (["2", "t1"], ["t1", "2"])  # the earlier-completing one listed last, then first
+async def _two_stops_one_token(ctx: CaseContext, orders: tuple[list[str], ...],
+                               want_text: str) -> None:
+    """One stream per stop list, each ' t50' then ' t12' (which completes both stop strings):
+    every stream ends 'stop' with `want_text`, tokens [50, 12], one ABORT at its engine."""
     prompts = [prompt(i) for i in range(len(orders))]
     steps: list[Step] = [Emit([50], 0.03), Emit([12], 0.03), Emit([13], 0.03)]
     group = await ctx.start([EngineScript(rules=[by_prompt(p, list(steps)) for p in prompts])])
@@ -231,11 +227,11 @@ async def stop_edge_two_complete_in_one_token(ctx: CaseContext) -> None:
     ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
     seen = {str(stops): (h.finish_reason, h.error, h.text, h.tokens)
             for stops, h in zip(orders, handles, strict=True)}
-    ctx.require(ended, expected="both streams end 'stop'", observed=f"after 3 s: {seen}")
-    want = ("stop", None, " t50 ", [50, 12])
+    ctx.require(ended, expected="every stream ends 'stop'", observed=f"after 3 s: {seen}")
+    want = ("stop", None, want_text, [50, 12])
     wrong = {k: v for k, v in seen.items() if v != want}
-    ctx.require(not wrong, expected=f"for both stop lists (finish_reason, error, text, tokens) "
-                f"= {want}", observed=f"{wrong}")
+    ctx.require(not wrong, expected=f"for every stop list (finish_reason, error, text, "
+                f"tokens) = {want}", observed=f"{wrong}")
     owners: dict[str, int] = {}
     for p in prompts:
         found = request_for(group, p)
@@ -251,6 +247,27 @@ async def stop_edge_two_complete_in_one_token(ctx: CaseContext) -> None:
                                               for rid in rids),
                 expected=f"one ABORT of each request at its engine {owners}",
                 observed=frames)
+
+
+@case("streaming.stop_edge.two_complete_in_one_token", Level.MUST,
+      "Two stop strings both completed by one token (' t12' after ' t50', stops '2' and "
+      "'t1'): whatever their order in the stop list, the stream stops at the one that "
+      "completes first ('t1', which also starts first): text exactly ' t50 ', tokens [50, 12], "
+      "'stop', and one ABORT to its engine.",
+      grounds=STOP_EARLIEST_COMPLETING, needs=STOP_NEEDS)
+async def stop_edge_two_complete_in_one_token(ctx: CaseContext) -> None:
+    # The earlier-completing one listed last, then first.
+    await _two_stops_one_token(ctx, (["2", "t1"], ["t1", "2"]), " t50 ")
+
+
+@case("streaming.stop_edge.nested_in_one_token", Level.MUST,
+      "A stop string inside another, both completed by one token (' t12' after ' t50', stops "
+      "'t12' and '1'): whatever their order in the stop list, the stream stops at the inner "
+      "one, which completes first though it starts later: text exactly ' t50 t', tokens "
+      "[50, 12], 'stop', and one ABORT to its engine.",
+      grounds=STOP_EARLIEST_COMPLETING, needs=STOP_NEEDS)
+async def stop_edge_nested_in_one_token(ctx: CaseContext) -> None:
+    await _two_stops_one_token(ctx, (["t12", "1"], ["1", "t12"]), " t50 t")
 
 
 # ----------------------------------------------------------------- session ADDs
