@@ -1,10 +1,11 @@
 """Aborts and drops at every phase of a request, and after every kind of ending.
 
 A port author gets aborts wrong at the edges: before the ADD reached the engine, before the
-first output, after the request already ended (by length, EOS, a stop string, an engine-side
-abort or an error), twice, across several engines with uneven ownership, or for a request
-that was routed with an explicit data_parallel_rank. The rule is the same everywhere: an
-engine gets an ABORT only for a live request it received the ADD for, after that ADD, at
+first output (dropped, or explicitly aborted), after the request already ended (by length,
+EOS, a stop string, an engine-side abort or an error), twice, across several engines with
+uneven ownership, for a request that was routed with an explicit data_parallel_rank, or
+when a client reuses the id of a stream it just dropped. The rule is the same everywhere:
+an engine gets an ABORT only for a live request it received the ADD for, after that ADD, at
 most once (PR #44591; the grounds cite async_llm.py, core_client.py, output_processor.py and
 the Rust client's stream.rs / imp.rs / state.rs).
 """
@@ -26,22 +27,38 @@ from conformance.test_abort import (
     ABORT_ONCE,
     BURST_ONCE,
     DROP,
+    EXPLICIT_ENDS,
     EXPLICIT_GROUPED,
     FINISHED_DROP,
     STOP_STRING,
     _check_exactly_once,
     _open_streams,
     _settle_aborts,
+    _wait_aborted,
 )
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for, trickle
-from harness.frontends.driver import Capability, StreamHandle
+from harness.frontends.driver import (
+    Capability,
+    FrontendError,
+    StreamHandle,
+    UnsupportedOperation,
+)
 from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
 from harness.wire import AbortRequests, AddRequest
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
-from mock_engines.script import Emit, EngineScript, Finish, Step, any_request, stream
+from mock_engines.script import (
+    Emit,
+    EngineScript,
+    Finish,
+    Step,
+    any_request,
+    by_prompt,
+    stream,
+)
+from mock_engines.transcript import Record
 
 # The ADD goes out before any ABORT for the same id, on the owning engine's input: Python
 # registers the request and sends its ADD inside add_request(), and generate() aborts only a
@@ -80,6 +97,45 @@ PINNED_DROP = both(
     rs(f"{_STATE}:192", "engine_id: engine_id.clone(),"),
     rs(f"{_IMP}:406", "by_engine.entry(engine_id).or_default().push(request_id);"),
     rs(f"{_STATE}:1176", "fn register_with_data_parallel_rank_routes_to_specified_engine()"),
+    *_ENGINE_ABORT,
+)
+
+_LLM = "rust/src/llm/src/lib.rs"
+
+# An explicit abort issued once generate() has returned (its ADD sent, no output yet) finds the
+# request: Python registers it in the output processor before the ADD is sent; the Rust client
+# registers it before its ADD (client.rs:642) and vllm-rs's Llm tracks its external -> engine
+# id once call() has sent the ADD, before generate() returns the stream to the client
+# (lib.rs:124-135), which is where /abort_requests resolves ids (lib.rs:158). PR #47173's review
+# of that window, and PR #57062 (a partially registered request not aborted), are the bug
+# class: an abort that the index does not hold yet is lost and the request runs on.
+EXPLICIT_BEFORE_OUTPUT = both(
+    *EXPLICIT_ENDS.cites,
+    py(f"{_AL}:581", "self.output_processor.add_request(request, prompt, parent_req, index,"),
+    py(f"{_AL}:584", "await self.engine_core.add_request_async(request)"),
+    rs(f"{_CLIENT}:642", "let (engine_id, rx) = self.inner.register_request("),
+    rs(f"{_LLM}:124", "let stream = self.client.call(prepared.engine_request).await?;"),
+    rs(f"{_LLM}:135", "let guard = self.inflight.track(external_request_id, internal_request_id);"),
+    rs(f"{_LLM}:158", "self.inflight.resolve(external_ids)"),
+)
+
+# A dropped stream's ABORT names the dropped request's own engine-side id, which a later request
+# reusing the client id never gets: both frontends append a random suffix to every client id,
+# Python aborts the cancelled request by its internal id (q.request_id), the Rust stream's Drop
+# queues its own engine-side id for run_abort_loop; each takes the request out of its table
+# with that ABORT, so it is sent once. An ABORT naming the new request's id would
+# end it at the engine (the engine aborts whatever id it holds) and leave its stream waiting:
+# PR #24382 / issue #23697 (an id freed before its ABORT was sent, so a reuse got aborted).
+REUSE_AFTER_DROP = both(
+    py("vllm/v1/engine/input_processor.py:371",
+       'request.request_id = f"{request.external_req_id}-{random_uuid():.8}"'),
+    py(f"{_AL}:809", "await self.abort(q.request_id, internal=True)"),
+    py(f"{_OP}:633", "req_state = self.request_states.pop(request_id, None)"),
+    rs("rust/src/llm/src/request.rs:100",
+       'format!("{external_request_id}-{}", &random_suffix[..8])'),
+    rs(f"{_STREAM}:233", "request_id: self.request_id.clone(),"),
+    rs(f"{_IMP}:389", "let Some(engine_id) = inner.take_auto_abort_target(&request_id) else {"),
+    rs(f"{_IMP}:335", "let (_, engine_id) = registry.remove(request_id)?;"),
     *_ENGINE_ABORT,
 )
 
@@ -144,6 +200,41 @@ async def before_first_output(ctx: CaseContext) -> None:
     _check_add_before_abort(ctx, group)
     _check_exactly_once(ctx, group, owners)
 
+
+def _explicit_before_output_case(n: int) -> Callable[[CaseContext], Awaitable[None]]:
+    @case(f"abort.phase.explicit_before_first_output_{n}_engines", Level.MUST,
+          f"With {n} engine(s), an explicit abort of streams whose ADDs the engines hold but "
+          "that have no output yet (issued right after generate returned) sends each one "
+          "ABORT, after its ADD, to its own engine, and ends every stream 'abort' with no "
+          "tokens and no error.", grounds=EXPLICIT_BEFORE_OUTPUT, needs=ABORT)
+    async def check(ctx: CaseContext) -> None:
+        # No steps: the engines hold every request without output until it is aborted.
+        group = await ctx.start([EngineScript(rules=[any_request([])]) for _ in range(n)])
+        prompts = [prompt(i) for i in range(2 * n)]
+        handles = [await ctx.driver.generate(p, 100) for p in prompts]
+        ok = await ctx.wait_until(lambda: requests_for(group, prompts) is not None, 3)
+        ctx.require(ok, expected=f"{len(prompts)} ADDs at the engines",
+                    observed=len(group.transcript.adds()))
+        owners = requests_for(group, prompts) or {}
+        early = [h.tokens for h in handles if h.first_output.is_set()]
+        ctx.require(not early, expected="no output before the abort (the engines hold it)",
+                    observed=f"streams with output already: {early}")
+        await ctx.driver.abort(list(owners))
+        await _settle_aborts(ctx, group, owners)
+        _check_add_before_abort(ctx, group)
+        _check_exactly_once(ctx, group, owners)
+        ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        seen = [(h.finish_reason, h.error, h.tokens) for h in handles]
+        ctx.require(ended and all(s == ("abort", None, []) for s in seen),
+                    expected="every stream ended 'abort', no error, no tokens",
+                    observed=f"ended {ended}; (finish_reason, error, tokens): {seen}")
+
+    check.__name__ = check.__qualname__ = f"explicit_before_first_output_{n}"
+    return check
+
+
+explicit_before_first_output_1 = _explicit_before_output_case(1)
+explicit_before_first_output_2 = _explicit_before_output_case(2)
 
 @case("abort.phase.mid_stream", Level.MUST,
       "Dropping streams while tokens are flowing aborts each one once at its engine.",
@@ -348,3 +439,133 @@ async def drop_explicit_rank(ctx: CaseContext) -> None:
     await ctx.driver.drop(handles)
     await _settle_aborts(ctx, group, owners)
     _check_exactly_once(ctx, group, owners)
+
+
+# ------------------------------------------------------------------ a dropped stream's id reused
+
+REUSED_ID = "cw-reuse-1"
+
+
+def _add_at(records: list[Record], prompt_ids: list[int]) -> tuple[int, str] | None:
+    """(index, engine-side id) of the ADD carrying `prompt_ids` among one engine's inputs."""
+    for i, record in enumerate(records):
+        message = record.message
+        if (isinstance(message, AddRequest)
+                and list(message.request.prompt_token_ids or []) == prompt_ids):
+            return i, message.request.request_id
+    return None
+
+
+def _aborts_naming(records: list[Record], rid: str, start: int, end: int) -> int:
+    return sum(1 for r in records[start + 1:end]
+               if isinstance(r.message, AbortRequests) and rid in r.message.request_ids)
+
+
+def _reuse_aborts(group: EngineGroup, rank: int, dropped_prompt: list[int],
+                  reuse_prompt: list[int]) -> tuple[int, tuple[int, str, int] | None]:
+    """ABORTs naming the dropped request's id at its engine after its ADD (and before a
+    reuse's ADD under that same id there), and (rank, engine-side id, ABORTs naming it
+    after its ADD at that engine) of the reuse, None if no ADD carried it."""
+    inputs = {e.rank: group.transcript.select(rank=e.rank, direction="in", channel="input")
+              for e in group.engines}
+    first = _add_at(inputs[rank], dropped_prompt)
+    if first is None:
+        return 0, None
+    reuse = None
+    for r, records in inputs.items():
+        found = _add_at(records, reuse_prompt)
+        if found is not None:
+            reuse = (r, found[0], found[1])
+            break
+    end = len(inputs[rank])
+    if reuse is not None and reuse[0] == rank and reuse[2] == first[1]:
+        end = reuse[1]  # one id, two requests: the ABORTs after the reuse's ADD name it
+    dropped = _aborts_naming(inputs[rank], first[1], first[0], end)
+    if reuse is None:
+        return dropped, None
+    r, index, rid = reuse
+    return dropped, (r, rid, _aborts_naming(inputs[r], rid, index, len(inputs[r])))
+
+
+def _reuse_case(n: int, settled: bool) -> Callable[[CaseContext], Awaitable[None]]:
+    when = "settled" if settled else "zero_delay"
+    pin = None if n == 1 else n - 1  # both requests on one engine, not rank 0
+    how = ("once the dropped stream's ABORT reached its engine" if settled
+           else "at once, with no wait after the drop")
+    where = "" if pin is None else f", both pinned to engine {pin}"
+
+    @case(f"abort.reuse.dropped_id_{when}_{n}_engines", Level.MUST,
+          f"With {n} engine(s){where}: a stream with client request id X is dropped and a new "
+          f"request with id X is sent {how}. The dropped request is aborted once at its "
+          "engine; the new one is either refused or runs to completion (its tokens, 'length', no "
+          "error), and no ABORT naming its engine-side id reaches its engine after its ADD.",
+          grounds=REUSE_AFTER_DROP,
+          needs=[*DROP, Capability.CLIENT_REQUEST_ID,
+                 *([Capability.DP_RANK] if pin is not None else [])])
+    async def check(ctx: CaseContext) -> None:
+        first_prompt, second_prompt = prompt(0), prompt(1)
+        rules = [by_prompt(first_prompt, hold()),
+                 by_prompt(second_prompt, stream([300, 301, 302], 0.05))]
+        group = await ctx.start([EngineScript(rules=list(rules)) for _ in range(n)])
+        first = await ctx.driver.generate(first_prompt, 50, request_id=REUSED_ID,
+                                          data_parallel_rank=pin)
+        await first.wait_first(ctx.t(5))
+        dropped = request_for(group, first_prompt)
+        ctx.require(dropped is not None, expected="the first request's ADD", observed="none")
+        assert dropped is not None
+        rank, rid = dropped
+        await ctx.driver.drop([first])
+        if settled:
+            await _wait_aborted(ctx, group, {rid})
+            await ctx.quiet(0.1)
+        reuse: StreamHandle | None = None
+        try:
+            reuse = await ctx.driver.generate(second_prompt, 3, request_id=REUSED_ID,
+                                              data_parallel_rank=pin)
+        except UnsupportedOperation:
+            raise
+        except FrontendError as exc:
+            ctx.note(f"the reuse was refused: {exc}")
+        if reuse is not None:
+            handle = reuse
+            await ctx.wait_until(lambda: handle.ended, 3)
+        await ctx.wait_until(lambda: rid in group.transcript.aborted_ids(rank), 3)
+        await ctx.quiet(0.2)  # an ABORT owed to nobody would come now
+        dropped_aborts, found = _reuse_aborts(group, rank, first_prompt, second_prompt)
+        if reuse is not None and found is None and reuse.ended \
+                and reuse.finish_reason == "error" and not reuse.tokens:
+            ctx.note(f"the reuse was refused: {reuse.error}")  # as a stream error, no ADD
+            reuse = None
+        if reuse is None:
+            ctx.require(found is None, expected="a refused reuse sends no ADD",
+                        observed=f"ADD {found}")
+        else:
+            ctx.require(reuse.ended and reuse.error is None
+                        and reuse.tokens == [300, 301, 302] and reuse.finish_reason == "length",
+                        expected="the new request: tokens [300, 301, 302], finish 'length', "
+                                 "no error",
+                        observed=f"ended {reuse.ended}, finish {reuse.finish_reason!r}, "
+                                 f"tokens {reuse.tokens}, error {reuse.error!r}")
+            ctx.require(found is not None, expected="the new request's ADD", observed="none")
+            assert found is not None
+            new_rank, new_rid, late = found
+            ctx.note(f"dropped {rid} at engine {rank}; the reuse is {new_rid} at engine "
+                     f"{new_rank}")
+            ctx.require(late == 0, expected=f"no ABORT naming {new_rid} at engine {new_rank} "
+                                            "after its ADD",
+                        observed=f"{late} ABORT(s) naming it after its ADD")
+        ctx.require(dropped_aborts == 1,
+                    expected=f"the dropped request {rid} aborted once at engine {rank}",
+                    observed=f"{dropped_aborts} ABORT(s) naming it there after its ADD "
+                             f"(ABORTed ids at engine {rank}: "
+                             f"{group.transcript.aborted_ids(rank)})")
+
+    check.__name__ = check.__qualname__ = f"reuse_dropped_id_{when}_{n}"
+    return check
+
+
+for _n in (1, 2):
+    for _settled in (False, True):
+        _fn = _reuse_case(_n, _settled)
+        globals()[_fn.__name__] = _fn
+del _fn

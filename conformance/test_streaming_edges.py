@@ -187,6 +187,89 @@ for _stops in (("zz",), ("zzzzzz",), ("z", "zzzz")):
     _make_hold_back(_stops)
 
 
+# ----------------------------------------------------------------- two stop strings, one token
+
+# Of several stop strings matched by one step, both 0.33.0 frontends take the one that
+# completes earliest in the text, ties by stop-list order, and truncate at its start: Python's
+# check_stop_strings keeps the smallest end (`end < best_end`), the Rust matches_stop_string
+# the first minimum of `end` (PR #50200 fixed its list-order pick, the Rust test
+# stop_string_earliest_completing_wins_regardless_of_list_order runs both orders).
+STOP_EARLIEST_COMPLETING = both(
+    py("vllm/v1/engine/detokenizer.py:351",
+       "stop_index = output_text.find(stop_str, 1 - new_char_count - stop_string_len)"),
+    py("vllm/v1/engine/detokenizer.py:356", "end = stop_index + stop_string_len"),
+    py("vllm/v1/engine/detokenizer.py:357", "if end < best_end:"),
+    py("vllm/v1/engine/detokenizer.py:373", "return best_stop_str, best_stop_index"),
+    rs("rust/src/text/src/output/decoded.rs:198",
+       "matches_stop_string(stops, decoder.output(), new_bytes)"),
+    rs("rust/src/text/src/output/decoded.rs:368",
+       ".map(|pos| (ss_idx, start_off + pos, start_off + pos + len))"),
+    rs("rust/src/text/src/output/decoded.rs:371", ".min_by_key(|&(_, _, end)| end)"),
+    rs("rust/src/text/src/output/decoded.rs:869",
+       "fn stop_string_earliest_completing_wins_regardless_of_list_order() {"),
+    py("vllm/v1/engine/detokenizer.py:151",
+       "del self.token_ids[first_new_token_index + num_kept :]"),
+    py("vllm/v1/engine/async_llm.py:920", "await engine_core.abort_requests_async("),
+    rs("rust/src/text/src/output/decoded.rs:206", "truncate_tokens_to = Some(tok_idx + 1);"),
+    rs("rust/src/text/src/output/decoded.rs:302",
+       "AbortCause::StopStringMatched.drop_as(raw_stream);"))
+
+
+async def _two_stops_one_token(ctx: CaseContext, orders: tuple[list[str], ...],
+                               want_text: str) -> None:
+    """One stream per stop list, each ' t50' then ' t12' (which completes both stop strings):
+    every stream ends 'stop' with `want_text`, tokens [50, 12], one ABORT at its engine."""
+    prompts = [prompt(i) for i in range(len(orders))]
+    steps: list[Step] = [Emit([50], 0.03), Emit([12], 0.03), Emit([13], 0.03)]
+    group = await ctx.start([EngineScript(rules=[by_prompt(p, list(steps)) for p in prompts])])
+    handles = [await ctx.driver.generate(p, 50, stop=stops)
+               for p, stops in zip(prompts, orders, strict=True)]
+    ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    seen = {str(stops): (h.finish_reason, h.error, h.text, h.tokens)
+            for stops, h in zip(orders, handles, strict=True)}
+    ctx.require(ended, expected="every stream ends 'stop'", observed=f"after 3 s: {seen}")
+    want = ("stop", None, want_text, [50, 12])
+    wrong = {k: v for k, v in seen.items() if v != want}
+    ctx.require(not wrong, expected=f"for every stop list (finish_reason, error, text, "
+                f"tokens) = {want}", observed=f"{wrong}")
+    owners: dict[str, int] = {}
+    for p in prompts:
+        found = request_for(group, p)
+        ctx.require(found is not None, expected="the request's ADD", observed="none")
+        assert found is not None
+        owners[found[1]] = found[0]
+    await group.transcript.wait_for(lambda t: set(owners) <= set(t.aborted_ids()), ctx.t(3))
+    await ctx.quiet(0.2)
+    frames = sorted((r.rank, tuple(r.message.request_ids))
+                    for r in group.transcript.abort_frames())
+    ids = sorted(rid for _rank, rids in frames for rid in rids)
+    ctx.require(ids == sorted(owners) and all(owners[rid] == rank for rank, rids in frames
+                                              for rid in rids),
+                expected=f"one ABORT of each request at its engine {owners}",
+                observed=frames)
+
+
+@case("streaming.stop_edge.two_complete_in_one_token", Level.MUST,
+      "Two stop strings both completed by one token (' t12' after ' t50', stops '2' and "
+      "'t1'): whatever their order in the stop list, the stream stops at the one that "
+      "completes first ('t1', which also starts first): text exactly ' t50 ', tokens [50, 12], "
+      "'stop', and one ABORT to its engine.",
+      grounds=STOP_EARLIEST_COMPLETING, needs=STOP_NEEDS)
+async def stop_edge_two_complete_in_one_token(ctx: CaseContext) -> None:
+    # The earlier-completing one listed last, then first.
+    await _two_stops_one_token(ctx, (["2", "t1"], ["t1", "2"]), " t50 ")
+
+
+@case("streaming.stop_edge.nested_in_one_token", Level.MUST,
+      "A stop string inside another, both completed by one token (' t12' after ' t50', stops "
+      "'t12' and '1'): whatever their order in the stop list, the stream stops at the inner "
+      "one, which completes first though it starts later: text exactly ' t50 t', tokens "
+      "[50, 12], 'stop', and one ABORT to its engine.",
+      grounds=STOP_EARLIEST_COMPLETING, needs=STOP_NEEDS)
+async def stop_edge_nested_in_one_token(ctx: CaseContext) -> None:
+    await _two_stops_one_token(ctx, (["t12", "1"], ["1", "t12"]), " t50 t")
+
+
 # ----------------------------------------------------------------- session ADDs
 
 # vllm-rs 0.33.0 has no streaming-input sessions: only the Python frontend holds these rules.

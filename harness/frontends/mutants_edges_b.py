@@ -20,19 +20,16 @@ from harness.wire import messages as m
 class StopFoundByTruthiness(ReferenceFrontendCore):
     """`if text.find(stop):` - a match at character 0 counts as 'not found'."""
 
-    def stop_position(self, state: RequestState) -> int:
-        text = state.handle.text + state.held_text
-        found = [pos for pos in (text.find(stop) for stop in state.stop) if pos > 0]
-        return min(found) if found else -1
+    def find_stop(self, text: str, stop: str) -> int:
+        pos = super().find_stop(text, stop)
+        return pos if pos > 0 else -1
 
 
 class StopFoundLast(ReferenceFrontendCore):
     """Truncates at the LAST occurrence of a stop string (rfind) instead of the first."""
 
-    def stop_position(self, state: RequestState) -> int:
-        text = state.handle.text + state.held_text
-        found = [pos for pos in (text.rfind(stop) for stop in state.stop) if pos >= 0]
-        return min(found) if found else -1
+    def find_stop(self, text: str, stop: str) -> int:
+        return text.rfind(stop)
 
 
 class StopBufferOneShort(ReferenceFrontendCore):

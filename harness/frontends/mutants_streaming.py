@@ -92,11 +92,9 @@ class StopStringPerChunk(ReferenceFrontendCore):
             self.__dict__["chunk_start"] = len(state.handle.text) + len(state.held_text)
         super().on_request_output(output)
 
-    def stop_position(self, state: RequestState) -> int:
+    def find_stop(self, text: str, stop: str) -> int:
         start: int = self.__dict__.get("chunk_start", 0)
-        chunk = (state.handle.text + state.held_text)[start:]
-        found = [pos for pos in (chunk.find(stop) for stop in state.stop) if pos >= 0]
-        return start + min(found) if found else -1
+        return text.find(stop, start)
 
 
 class StopTokensNotTrimmed(ReferenceFrontendCore):

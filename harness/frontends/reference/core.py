@@ -494,10 +494,19 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         return output.finished and index == len(output.new_token_ids) - 1
 
     def stop_position(self, state: RequestState) -> int:
-        """Where the earliest stop string starts in the stream's text so far, else -1."""
+        """Where the stop string that completes earliest in the stream's text so far starts
+        (ties: the first listed), else -1: vLLM 0.33.0's check_stop_strings and Rust
+        matches_stop_string. A stop string inside another (" t12" with "t12" and "1")
+        completes first, so it wins although it starts later."""
         text = state.handle.text + state.held_text
-        found = [pos for pos in (text.find(stop) for stop in state.stop) if pos >= 0]
-        return min(found) if found else -1
+        found = [(pos + len(stop), i, pos) for i, stop in enumerate(state.stop)
+                 if (pos := self.find_stop(text, stop)) >= 0]
+        return min(found)[2] if found else -1
+
+    def find_stop(self, text: str, stop: str) -> int:
+        """Where one stop string first occurs in the text (so where it first completes),
+        else -1."""
+        return text.find(stop)
 
     def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
         """End the stream with 'stop' (later outputs are ignored) and, unless the engine
