@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                          description="Run the conformance suites against each "
                                      "--frontend.\nExit codes (docs/cli.md): 0 pass, 1 "
                                      "failure, 2 interrupted, 4 usage error, 5 no case ran,\n"
-                                     "6 a frontend could not start (3 start failures in a "
-                                     "row, same cause).")
+                                     "6 reports not written (disk full), 7 a frontend could "
+                                     "not start (3 start failures in a row, same cause).")
     run.add_argument("--frontend", action="append", metavar="[NAME=]SPEC",
                      help="what to test, repeatable (default: reference). SPEC: reference, "
                           "reference-subprocess, vllm-rs, vllm-rs@X (release X), vllm-py, "
