@@ -55,5 +55,5 @@ def test_every_frontend_form_is_in_the_readme_table_and_run_help() -> None:
                  "reference-subprocess", "vllm-py"):
         assert form in text, form
     for default in ("(default: 2)", "(default: reports)", "(default: reference)",
-                    "(default: vllm-0.33", "6 a frontend could not start"):
+                    "(default: vllm-0.33", "6 reports not written", "7 a frontend could not start"):
         assert default in text, default
