@@ -26,7 +26,7 @@ from harness.wire.codec import AddRequest
 # ----------------------------------------------------------------- ADD fields
 
 
-class _AddRewritten(ReferenceFrontendCore):
+class AddRewritten(ReferenceFrontendCore):
     """Base: the ADD the reference builds, with one field changed by `rewrite`."""
 
     def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
@@ -45,7 +45,7 @@ class _AddRewritten(ReferenceFrontendCore):
         return handle, (identity, self.codec.encode_add(self.rewrite(decoded.request)))
 
 
-class AddWithoutEos(_AddRewritten):
+class AddWithoutEos(AddRewritten):
     """The tokenizer's EOS id is never copied into SamplingParams: no _eos_token_id and
     no _all_stop_token_ids, so the engine cannot stop at end of sequence."""
 
@@ -56,7 +56,7 @@ class AddWithoutEos(_AddRewritten):
         return msgspec.structs.replace(request, sampling_params=sampling)
 
 
-class AddDefaultTemperature(_AddRewritten):
+class AddDefaultTemperature(AddRewritten):
     """The client's temperature 0 is not copied: the struct default (1.0) goes out and
     the engine samples instead of decoding greedily."""
 
@@ -66,14 +66,14 @@ class AddDefaultTemperature(_AddRewritten):
         return msgspec.structs.replace(request, sampling_params=sampling)
 
 
-class AddWithoutExternalId(_AddRewritten):
+class AddWithoutExternalId(AddRewritten):
     """external_req_id is left unset: the engine never learns the user's request id."""
 
     def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
         return msgspec.structs.replace(request, external_req_id=None)
 
 
-class PinnedRankNotStamped(_AddRewritten):
+class PinnedRankNotStamped(AddRewritten):
     """An explicit data_parallel_rank routes the request but is stripped from the ADD."""
 
     def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from harness.frontends.driver import FrontendError, StreamHandle
+from harness.frontends.mutants_edges_d import AddRewritten
 from harness.frontends.reference.coordinator import (
     TRANSITIONS,
     CoordinatorCore,
@@ -175,7 +176,7 @@ class IdFreedBeforeAbort(ReferenceFrontendCore):
         return ranks
 
 
-class AbortByExternalId(ReferenceFrontendCore):
+class AbortByExternalId(AddRewritten):
     """vLLM PR #27987 ("[Core] Add a random suffix to frontend-provided request IDs"; its
     review on abort_requests' internal vs external ids), PR #45137 ("[Rust Frontend] Add
     external->internal request-id map for abort()") and the downstream symptom in
@@ -195,20 +196,9 @@ class AbortByExternalId(ReferenceFrontendCore):
         self.external[internal] = base
         return internal
 
-    def register_request(self, prompt: Sequence[int], max_tokens: int, *,
-                         data_parallel_rank: int | None = None,
-                         stop: Sequence[str] | None = None, request_id: str | None = None,
-                         params: Mapping[str, Any] | None = None, resumable: bool = False
-                         ) -> tuple[StreamHandle, Send]:
-        handle, (identity, frames) = super().register_request(
-            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
-            request_id=request_id, params=params, resumable=resumable)
-        decoded = self.codec.decode_engine_input(frames)
-        assert isinstance(decoded, AddRequest)
-        request = decoded.request
-        request = msgspec.structs.replace(
+    def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
+        return msgspec.structs.replace(
             request, external_req_id=self.external.get(request.request_id))
-        return handle, (identity, self.codec.encode_add(request))
 
     def session_request(self, rid: str, prompt: Sequence[int], sampling: m.SamplingParams,
                         *, resumable: bool) -> m.EngineCoreRequest:
