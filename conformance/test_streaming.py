@@ -15,7 +15,7 @@ from harness.frontends.driver import Capability
 from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
 from harness.wire import messages as m
-from mock_engines.script import Emit, EngineScript, Finish, Garbage, by_prompt, stream
+from mock_engines.script import Emit, EngineScript, Finish, Garbage, Step, by_prompt, stream
 
 GEN = [Capability.GENERATE]
 F = m.FinishReason
@@ -96,6 +96,18 @@ TEXT = both(py("vllm/v1/engine/detokenizer.py:122",
                "text = self.detokenizer.get_next_output_text(finished, delta)"),
             rs("rust/src/text/src/output/decoded.rs:195",
                "let new_bytes = decoder.push_token(token_id)?;"))
+# An engine STOP (EOS or a stop token id): the last token stays among the tokens, its text
+# is left out (before stop strings are looked for).
+STOP_TEXT = both(
+    py("vllm/v1/engine/detokenizer.py:107",
+       "if stop_terminated and not self.include_stop_str_in_output:"),
+    py("vllm/v1/engine/detokenizer.py:111", "new_token_ids = new_token_ids[:-1]"),
+    py("vllm/v1/engine/output_processor.py:826",
+       "new_token_ids, finish_reason == FinishReason.STOP"),
+    rs("rust/src/text/src/output/decoded.rs:181",
+       "let suppress_terminal_stop_token = finish_reason.as_ref().is_some_and(|r| r.is_stop())"),
+    rs("rust/src/text/src/output/decoded.rs:186",
+       "output.token_ids.split_last().map(|(_, rest)| rest).unwrap_or(&[])"))
 STATS = both(py("vllm/v1/engine/core_client.py:1259",
                 "if outputs.outputs or outputs.scheduler_stats:"),
              py("vllm/v1/engine/async_llm.py:924",
@@ -249,6 +261,49 @@ async def text(ctx: CaseContext) -> None:
     _g, h = await _one(ctx, stream([100, 101]), 2)
     ctx.require(h.text.split() == ["t100", "t101"], expected="text ' t100 t101'",
                 observed=repr(h.text))
+
+
+# (variant, engine steps, stop strings asked, tokens, exact text) of an engine STOP.
+STOP_TEXT_VARIANTS: tuple[tuple[str, list[Step], list[str] | None, list[int], str], ...] = (
+    ("own_output", [Emit([200]), Finish(F.STOP, [201], stop_reason=201)], None,
+     [200, 201], " t200"),
+    ("in_final_chunk", [Emit([100]), Finish(F.STOP, [200, 201], stop_reason=201)], None,
+     [100, 200, 201], " t100 t200"),
+    ("stop_strings_asked", [Emit([200]), Finish(F.STOP, [201], stop_reason=201)], ["zzz"],
+     [200, 201], " t200"),
+    # The left-out text is never searched: " t201" does not match, the text keeps no
+    # trailing space (a match would have cut it to " t200 ").
+    ("stop_string_in_left_out_text", [Emit([200]), Finish(F.STOP, [201], stop_reason=201)],
+     ["t201"], [200, 201], " t200"),
+)
+
+
+def _make_stop_text(variant: str, steps: list[Step], stop: list[str] | None,
+                    tokens: list[int], text: str) -> None:
+    needs = [*GEN, Capability.STOP_STRINGS] if stop else GEN
+
+    @case(f"streaming.text.stop_finish_last_token_silent_{variant}", Level.MUST,
+          "When the engine ends a request with STOP (a stop token id), the client gets every "
+          f"token, the stop token too, and the text without the stop token's: tokens {tokens}, "
+          f"text {text!r}" + (f" (stop strings {stop} asked)." if stop else "."),
+          grounds=STOP_TEXT, needs=needs)
+    async def run(ctx: CaseContext) -> None:
+        p = prompt(0)
+        await ctx.start([EngineScript(rules=[by_prompt(p, steps)])])
+        handle = await ctx.driver.generate(p, 8, stop=stop)
+        await handle.wait(ctx.t(3))
+        seen = (handle.tokens, handle.text, handle.finish_reason)
+        ctx.require(seen == (tokens, text, "stop"),
+                    expected=f"tokens {tokens}, text {text!r}, finish stop",
+                    observed=f"tokens {handle.tokens}, text {handle.text!r}, finish "
+                             f"{handle.finish_reason} error={handle.error}")
+
+    run.__name__ = run.__qualname__ = f"stop_finish_text_{variant}"
+    globals()[run.__name__] = run
+
+
+for _variant in STOP_TEXT_VARIANTS:
+    _make_stop_text(*_variant)
 
 
 @case("streaming.stats.tolerated", Level.MUST,

@@ -1,9 +1,8 @@
 """What a frontend puts on the ADD and what it hands the client when a request fails.
 
-Port authors build the EngineCoreRequest by hand and get the quiet fields wrong: a greedy
-request sent with the struct's default temperature (1.0, so the engine samples), no EOS id
-(the engine never stops at end of sequence), no external_req_id (the engine's logs and the
-frontend's abort-by-user-id lose the user's name). (Pinned ranks on the ADD:
+Port authors build the EngineCoreRequest by hand and get the quiet fields wrong: no
+external_req_id (the engine's logs and the frontend's abort-by-user-id lose the user's name;
+the ADD's sampling: test_streaming_sampling.py). (Pinned ranks on the ADD:
 test_dp_routing_slots.py.) On the way back, an engine's per-request RequestError carries a message
 meant for the user ("Generation is paused, retry"): a port that ends the stream with a bare
 "error" or with no error at all throws it away.
@@ -16,27 +15,11 @@ from harness.casekit import prompt
 from harness.frontends.driver import Capability, StreamHandle, UnsupportedOperation
 from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
-from harness.vocab import EOS_TOKEN_ID
 from harness.wire import messages as m
 from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
 
 F = m.FinishReason
 GEN = [Capability.GENERATE]
-# The ADD carries the client's temperature, the model's EOS id (also among the stop ids) and
-# max_tokens: the engine stops at EOS from _eos_token_id.
-ADD_SAMPLING = both(
-    py("vllm/sampling_params.py:525", "temperature=1.0 if temperature is None else temperature,"),
-    py("vllm/v1/engine/input_processor.py:489",
-       "sampling_params.update_from_generation_config("),
-    py("vllm/sampling_params.py:782", "self._eos_token_id = eos_token_id"),
-    py("vllm/sampling_params.py:787", "self._all_stop_token_ids.add(eos_token_id)"),
-    rs("rust/src/text/src/lower.rs:172",
-       "let temperature = temperature.or(default_temperature).unwrap_or(1.0);"),
-    rs("rust/src/text/src/lower.rs:197", "all_stop_token_ids.insert(primary_eos_token_id);"),
-    rs("rust/src/text/src/lower.rs:234",
-       "eos_token_id: (!ignore_eos).then_some(primary_eos_token_id).flatten(),"),
-    engine("vllm/v1/core/sched/utils.py:105",
-           "if last_token_id == sampling_params.eos_token_id:"))
 # external_req_id names the user's id; the engine-side request_id gets a random suffix.
 _EXTERNAL_ID = (
     py("vllm/v1/engine/input_processor.py:363", "request.external_req_id = request.request_id"),
@@ -59,43 +42,6 @@ EXTERNAL_ID_CHOSEN = both(
 
 
 # ----------------------------------------------------------------- ADD fields
-
-
-def _make_greedy_eos(engines: int) -> None:
-    @case(f"streaming.add_fields.greedy_eos_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s), every ADD of a greedy request (the client asks for "
-          "temperature 0) carries temperature 0.0, the model's EOS token id as "
-          "_eos_token_id, that id in _all_stop_token_ids, and the client's max_tokens.",
-          grounds=ADD_SAMPLING, needs=[Capability.GENERATE, Capability.SAMPLING])
-    async def run(ctx: CaseContext) -> None:
-        group = await ctx.start([EngineScript() for _ in range(engines)])
-        asks = [(prompt(i), 2 + i) for i in range(2 * engines)]
-        handles = [await ctx.driver.generate(p, n) for p, n in asks]
-        for h in handles:
-            await h.wait(ctx.t(3))
-        wrong = []
-        for p, n in asks:
-            req = next((r for r in group.transcript.adds() if r.prompt_token_ids == p), None)
-            sp = req.sampling_params if req is not None else None
-            if sp is None:
-                wrong.append(f"{p}: no ADD or no sampling_params")
-                continue
-            seen = (sp.temperature, sp._eos_token_id, EOS_TOKEN_ID in sp._all_stop_token_ids,
-                    sp.max_tokens)
-            if seen != (0.0, EOS_TOKEN_ID, True, n):
-                wrong.append(f"{p}: (temperature, _eos_token_id, EOS in "
-                             f"_all_stop_token_ids, max_tokens) = {seen}")
-        ctx.require(not wrong, expected=f"every ADD: temperature 0.0, _eos_token_id "
-                                        f"{EOS_TOKEN_ID}, EOS in _all_stop_token_ids, the "
-                                        "asked max_tokens",
-                    observed="; ".join(wrong[:3]))
-
-    run.__name__ = run.__qualname__ = f"add_greedy_eos_{engines}"
-    globals()[run.__name__] = run
-
-
-for _n in (1, 2):
-    _make_greedy_eos(_n)
 
 
 @case("streaming.add_fields.external_req_id_generated", Level.MUST,

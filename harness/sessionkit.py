@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from harness.case_context import CaseContext
 from harness.casekit import prompt
-from harness.frontends.driver import StreamHandle
+from harness.frontends.driver import Sampling, StreamHandle
 from harness.wire import messages as m
 from harness.wire.codec import AddRequest
 from mock_engines.group import EngineGroup
@@ -94,12 +94,13 @@ def segment_finished(group: EngineGroup, request_id: str, count: int) -> bool:
 
 
 async def open_first_segment(ctx: CaseContext, group: EngineGroup, session: int = 0,
-                             *, max_tokens: int = 2, data_parallel_rank: int | None = None
-                             ) -> tuple[StreamHandle, str]:
+                             *, max_tokens: int = 2, data_parallel_rank: int | None = None,
+                             sampling: Sampling | None = None) -> tuple[StreamHandle, str]:
     """Open a session with its first segment; returns the handle and the engine-side id."""
     first = segment_prompt(session, 0)
     handle = await ctx.driver.open_session(first, max_tokens,
-                                           data_parallel_rank=data_parallel_rank)
+                                           data_parallel_rank=data_parallel_rank,
+                                           sampling=sampling)
     await ctx.wait_until(lambda: session_id(group, first) is not None, 3)
     rid = session_id(group, first)
     ctx.require(rid is not None, expected="the session's first ADD at an engine",

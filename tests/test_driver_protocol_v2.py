@@ -19,7 +19,7 @@ import pytest
 
 from harness.case_context import CaseContext, run_case
 from harness.casekit import prompt
-from harness.frontends.driver import GREEDY, Capability, Sampling, UnsupportedOperation
+from harness.frontends.driver import GREEDY, Capability, Sampling
 from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.frontends.subprocess.protocol import (
@@ -32,6 +32,7 @@ from harness.frontends.subprocess.protocol import (
 from harness.verdicts import CaseSpec, Level, Verdict
 from harness.vllm_dist import tiny_model_dir
 from harness.vocab import EOS_TOKEN_ID, SPECIAL, detokenize
+from harness.wire import messages as m
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 
@@ -182,17 +183,22 @@ def test_the_reference_program_speaks_version_2() -> None:
     assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
 
 
-def test_the_reference_program_refuses_sampling_its_frontends_cannot_do() -> None:
-    """The in-process frontends make greedy requests only: a non-greedy `sampling` reaches
-    the program, which answers unsupported (never a silent greedy request)."""
+def test_the_reference_program_carries_non_greedy_sampling() -> None:
+    """The reference frontend builds SamplingParams from the client's sampling (as vLLM's
+    frontends do): a non-greedy `sampling` reaches the program and its ADD, value for value."""
+    seen: list[m.SamplingParams | None] = []
+
     async def hot(ctx: CaseContext) -> None:
-        await ctx.start(1)
+        group = await ctx.start(1)
         assert isinstance(ctx.driver, SubprocessDriver) and ctx.driver.version == 2
-        await ctx.driver.generate(prompt(1), 2, sampling=Sampling(top_k=3))
+        handle = await ctx.driver.generate(prompt(1), 2, sampling=Sampling(temperature=0.5,
+                                                                           top_k=3))
+        await handle.wait(ctx.t(5))
+        seen.extend(a.sampling_params for a in group.transcript.adds())
 
     result = run(GENERATE_SPEC, hot, SubprocessDriver(REFERENCE_SUBPROCESS))
-    assert result.verdict is Verdict.UNSUPPORTED, result.message
-    assert "only greedy requests" in result.message
+    assert result.verdict is Verdict.PASS, result.message
+    assert [(sp.temperature, sp.top_k) if sp else None for sp in seen] == [(0.5, 3)]
 
 
 def test_the_reference_program_refuses_a_model_it_does_not_serve() -> None:
@@ -238,14 +244,3 @@ def test_version_2_fields_reach_the_add() -> None:
     assert sp is not None and sp.ignore_eos and sp._eos_token_id is None
 
 
-def test_sampling_is_never_sent_to_an_in_process_driver_that_cannot_do_it() -> None:
-    from harness.frontends.reference import ReferenceDriver
-
-    async def hot(ctx: CaseContext) -> None:
-        await ctx.start(1)
-        with pytest.raises(UnsupportedOperation, match="only greedy"):
-            await ctx.driver.generate(prompt(1), 2, sampling=Sampling(seed=1))
-        await (await ctx.driver.generate(prompt(2), 2, sampling=GREEDY)).wait(ctx.t(5))
-
-    result = asyncio.run(run_case(GENERATE_SPEC, hot, ReferenceDriver(), timescale=TIMESCALE))
-    assert result.verdict is Verdict.PASS, result.message

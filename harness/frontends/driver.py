@@ -182,13 +182,6 @@ def _json_number(name: str, value: Any, kind: type[int] | type[float]) -> Any:
     return kind(value)
 
 
-def check_sampling(driver: str, sampling: Sampling | None) -> None:
-    """Refuse (UnsupportedOperation) sampling a greedy-only driver cannot honour."""
-    if sampling is not None and sampling != GREEDY:
-        raise UnsupportedOperation(f"{driver}: only greedy requests are on this driver's "
-                                   f"surface (asked for {sampling})")
-
-
 @dataclass
 class ObservedConfig:
     """Config the frontend derived from the ready responses (None: not observable)."""

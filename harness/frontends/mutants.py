@@ -26,6 +26,7 @@ from harness.frontends import mutants_edges_d as ed
 from harness.frontends import mutants_edges_e as ee
 from harness.frontends import mutants_history as mh
 from harness.frontends import mutants_inputs as mi
+from harness.frontends import mutants_sampling as mz
 from harness.frontends import mutants_streaming as ms
 from harness.frontends import mutants_utility as mu
 from harness.frontends.reference.core import ReferenceFrontendCore
@@ -402,6 +403,26 @@ MUTANTS: dict[str, Mutant] = _by_name([
            ed.AddDefaultTemperature),
     Mutant("add_without_external_id", "ADDs carry no external_req_id",
            ed.AddWithoutExternalId),
+    # -- the ADD's sampling and scheduling keys, the text of an engine STOP --
+    Mutant("sampling_values_dropped", "top_p, top_k, min_p and seed never reach the ADD",
+           mz.SamplingValuesDropped),
+    Mutant("seed_zero_dropped", "a seed of 0 sent as no seed", mz.SeedZeroDropped),
+    Mutant("sampling_of_first_request", "every non-greedy request carries the first one's "
+           "sampling", mz.SamplingOfFirstRequest),
+    Mutant("ignore_eos_still_stops", "ignore_eos requests still carry the EOS id",
+           mz.IgnoreEosStillStops),
+    Mutant("stop_ids_not_among_all_stop", "the client's stop token ids left out of "
+           "_all_stop_token_ids", mz.StopIdsNotAmongAllStop),
+    Mutant("min_tokens_dropped", "min_tokens never reaches the ADD", mz.MinTokensDropped),
+    Mutant("continuation_greedy", "continuations built greedy whatever the session asked",
+           mz.ContinuationGreedy),
+    Mutant("plain_adds_resumable", "every ADD marked resumable", mz.PlainAddsResumable),
+    Mutant("arrival_time_milliseconds", "arrival_time in milliseconds",
+           mz.ArrivalTimeMilliseconds),
+    Mutant("arrival_time_monotonic", "arrival_time from the monotonic clock",
+           mz.ArrivalTimeMonotonic),
+    Mutant("stop_token_text_shown", "the stop token of an engine STOP shown in the text",
+           mz.StopTokenTextShown),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",
            ed.PinnedRankNotStamped),
     Mutant("request_error_message_dropped", "an engine's RequestError message never "

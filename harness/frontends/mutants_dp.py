@@ -10,7 +10,7 @@ from typing import Any
 
 from msgspec import msgpack
 
-from harness.frontends.driver import FrontendError, StartupError, StreamHandle
+from harness.frontends.driver import GREEDY, FrontendError, Sampling, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.lifecycle import Event
@@ -333,10 +333,11 @@ class EngineOneUnreachable(ReferenceFrontendCore):
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
                     stop: Sequence[str] | None = None, request_id: str | None = None,
-                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
+                    params: Mapping[str, Any] | None = None,
+                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         handle, (_identity, frames) = super().add_request(
             prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
-            request_id=request_id, params=params)
+            request_id=request_id, params=params, sampling=sampling)
         return handle, (self.engines[min(self.engines)].identity, frames)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends.driver import GREEDY, Sampling, StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
 from harness.frontends.reference.sessions import SessionState
 from harness.lifecycle import Event
@@ -129,8 +129,10 @@ class SessionMaxTokensDropped(ReferenceFrontendCore):
         return identity, frames
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
-                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
-        return super().open_session(prompt, 16, data_parallel_rank=data_parallel_rank)
+                     data_parallel_rank: int | None = None,
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        return super().open_session(prompt, 16, data_parallel_rank=data_parallel_rank,
+                                    sampling=sampling)
 
 
 class SessionRankIgnored(ReferenceFrontendCore):
@@ -138,15 +140,16 @@ class SessionRankIgnored(ReferenceFrontendCore):
     data_parallel_rank."""
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
-                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
-        return super().open_session(prompt, max_tokens)
+                     data_parallel_rank: int | None = None,
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        return super().open_session(prompt, max_tokens, sampling=sampling)
 
 
 class ContinuationDefaultSampling(ReferenceFrontendCore):
     """Continuations are built with a fresh SamplingParams carrying only max_tokens: the
     session's temperature and EOS/stop token ids are lost after the first segment."""
 
-    def session_sampling(self, max_tokens: int) -> m.SamplingParams:
+    def session_sampling(self, max_tokens: int, sampling: Sampling) -> m.SamplingParams:
         return m.SamplingParams(max_tokens=max_tokens)
 
 

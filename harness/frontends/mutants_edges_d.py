@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends.driver import GREEDY, Sampling, StreamHandle
 from harness.frontends.reference.core import (
     PendingUtility,
     ReferenceFrontendCore,
@@ -35,11 +35,11 @@ class AddRewritten(ReferenceFrontendCore):
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
-                         params: Mapping[str, Any] | None = None, resumable: bool = False
-                         ) -> tuple[StreamHandle, Send]:
+                         params: Mapping[str, Any] | None = None, resumable: bool = False,
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         handle, (identity, frames) = super().register_request(
             prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
-            request_id=request_id, params=params, resumable=resumable)
+            request_id=request_id, params=params, resumable=resumable, sampling=sampling)
         decoded = self.codec.decode_engine_input(frames)
         assert isinstance(decoded, AddRequest)
         return handle, (identity, self.codec.encode_add(self.rewrite(decoded.request)))

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import FrontendError, StreamHandle
+from harness.frontends.driver import GREEDY, FrontendError, Sampling, StreamHandle
 from harness.frontends.mutants_edges_d import AddRewritten
 from harness.frontends.reference.coordinator import (
     TRANSITIONS,
@@ -246,11 +246,12 @@ class RankCheckedAgainstCount(ReferenceFrontendCore):
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
-                         params: Mapping[str, Any] | None = None, resumable: bool = False
-                         ) -> tuple[StreamHandle, Send]:
+                         params: Mapping[str, Any] | None = None, resumable: bool = False,
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         rank = data_parallel_rank
         options: dict[str, Any] = {"stop": stop, "request_id": request_id,
-                                   "params": params, "resumable": resumable}
+                                   "params": params, "resumable": resumable,
+                                   "sampling": sampling}
         if rank is None or (rank in self.engines and rank < len(self.engines)):
             return super().register_request(prompt, max_tokens,
                                              data_parallel_rank=rank, **options)

@@ -17,7 +17,8 @@ public API those routes call and lets vLLM's own client code speak the wire prot
   through vLLM's own knob (VLLM_ENGINE_READY_TIMEOUT_S, read once at import by `core_client`,
   hence set on that module for the duration of the constructor). Then, like `vllm serve`,
   `reset_mm_cache()` and `get_supported_tasks()` are called once.
-* `generate()`: `AsyncLLM.generate(TokensPrompt rendered by llm.renderer, SamplingParams(DELTA),
+* `generate()`: `AsyncLLM.generate(TokensPrompt rendered by llm.renderer, SamplingParams(the
+  client's sampling, DELTA),
   request_id, data_parallel_rank=...)` consumed by a task that fills the `StreamHandle`.
   AsyncLLM appends `-<8 hex>` to the id on the wire; `handle.request_id` is the id we passed.
 * `drop()`: cancels consumer tasks, i.e. the client-disconnect path of `vllm serve`
@@ -64,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from harness.frontends import vllm_py_handshake as handshake
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
+    GREEDY,
     PASS_THROUGH_FIELDS,
     TENSOR_FIELDS,
     Capability,
@@ -75,7 +77,6 @@ from harness.frontends.driver import (
     StreamHandle,
     UnsupportedOperation,
     check_generate_options,
-    check_sampling,
 )
 from harness.frontends.vllm_py_env import hold_rpc_base, release_rpc_base
 from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
@@ -111,6 +112,16 @@ _VLLM: _Vllm | None = None
 _VLLM_ERROR: str | None = None
 _CONFIGS: dict[int, Any] = {}  # data_parallel_size -> pristine VllmConfig (never handed out)
 _LOCK = threading.Lock()
+
+
+def client_sampling(vllm: _Vllm, sampling: Sampling, **fixed: Any) -> Any:
+    """vLLM's SamplingParams for the client's sampling, every field as asked (AsyncLLM
+    then adds the model's EOS, input_processor.py:489)."""
+    return vllm.sampling_params(
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        min_p=sampling.min_p, seed=sampling.seed, ignore_eos=sampling.ignore_eos,
+        min_tokens=sampling.min_tokens, stop_token_ids=list(sampling.stop_token_ids) or None,
+        **fixed)
 
 
 def _load_vllm() -> _Vllm:
@@ -407,7 +418,6 @@ class VllmPyDriver(FrontendDriver):
         vllm = _load_vllm()
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
-        check_sampling(self.name, sampling)  # greedy only (temperature=0.0 below)
         handle = StreamHandle(list(prompt_token_ids))
         handle.request_id = f"cw-{next(self._ids)}" if request_id is None else request_id
         kind = vllm.output_kind.DELTA if stream else vllm.output_kind.FINAL_ONLY
@@ -417,20 +427,20 @@ class VllmPyDriver(FrontendDriver):
         if params and "cache_salt" in params:
             prompt_fields["cache_salt"] = params["cache_salt"]
         try:
-            sampling = vllm.sampling_params(max_tokens=max_tokens, temperature=0.0,
-                                            stop=list(stop) if stop else None,
-                                            output_kind=kind, extra_args=extra or None)
+            params_of = client_sampling(vllm, sampling or GREEDY, max_tokens=max_tokens,
+                                        stop=list(stop) if stop else None,
+                                        output_kind=kind, extra_args=extra or None)
             # The token-in path of vLLM's servers: render a TokensPrompt, pass the EngineInput.
             (engine_input,) = llm.renderer.render_cmpl([vllm.tokens_prompt(**prompt_fields)])
             if params and "prompt_embeds" in params:
-                engine_input = await embeds_request(llm, engine_input, sampling,
+                engine_input = await embeds_request(llm, engine_input, params_of,
                                                     handle.request_id, params["prompt_embeds"],
                                                     data_parallel_rank)
         except Exception as exc:
             raise FrontendError(f"request rejected before submission: {_describe(exc)}"
                                 ) from exc
         task = asyncio.create_task(
-            self._consume(llm, handle, engine_input, sampling, data_parallel_rank),
+            self._consume(llm, handle, engine_input, params_of, data_parallel_rank),
             name=f"vllm-py-{handle.request_id}")
         self._streams[id(handle)] = (handle, task)
         await asyncio.sleep(0)  # let the task submit the ADD before we return
@@ -459,15 +469,18 @@ class VllmPyDriver(FrontendDriver):
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                            data_parallel_rank: int | None = None,
                            sampling: Sampling | None = None) -> StreamHandle:
-        check_sampling(self.name, sampling)
         llm = self._require()
         vllm = _load_vllm()
         handle = StreamHandle(list(prompt_token_ids), request_id=f"cw-{next(self._ids)}")
         feed = SessionFeed()
         feed.push(prompt_token_ids)
-        sampling = vllm.sampling_params(max_tokens=max_tokens, temperature=0.0,
+        try:
+            params_of = client_sampling(vllm, sampling or GREEDY, max_tokens=max_tokens,
                                         output_kind=vllm.output_kind.DELTA)
-        task = asyncio.create_task(consume_session(llm, handle, feed, sampling,
+        except Exception as exc:
+            raise FrontendError(f"session rejected before submission: {_describe(exc)}"
+                                ) from exc
+        task = asyncio.create_task(consume_session(llm, handle, feed, params_of,
                                                    data_parallel_rank),
                                    name=f"vllm-py-session-{handle.request_id}")
         self._streams[id(handle)] = (handle, task)

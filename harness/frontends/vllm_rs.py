@@ -29,6 +29,7 @@ its protocol profile (protocol_profile).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -42,6 +43,7 @@ from urllib.parse import urlencode
 
 from harness.frontends import vllm_rs_handshake as hs
 from harness.frontends.driver import (
+    GREEDY,
     Capability,
     FrontendDriver,
     FrontendError,
@@ -50,7 +52,6 @@ from harness.frontends.driver import (
     StreamHandle,
     UnsupportedOperation,
     check_generate_options,
-    check_sampling,
 )
 from harness.frontends.vllm_rs_control import ControlClient
 from harness.frontends.vllm_rs_http import CONNECTION_ERRORS, HttpError, RsHttpClient, describe
@@ -76,6 +77,20 @@ HTTP_TIMEOUT = 60.0  # per call (a stream: until its response head), before scal
 SHUTDOWN_READERS_TIMEOUT = 1.0  # for cancelled stream readers to unwind at shutdown
 _ENGINE_ID = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 
+
+def completion_sampling(sampling: Sampling | None) -> dict[str, Any]:
+    """The client's sampling as OpenAI completions body fields: temperature always (the
+    OpenAI default is 1.0), the rest only where the client left the default (a greedy
+    request's body stays what every vllm-rs release accepts). vllm-rs serves vLLM's
+    extensions top_k, min_p, ignore_eos, min_tokens and stop_token_ids
+    (rust/src/server/src/routes/openai/completions/types.rs:75-147)."""
+    asked = sampling or GREEDY
+    body: dict[str, Any] = {"temperature": asked.temperature}
+    for name, default in dataclasses.asdict(GREEDY).items():
+        value = getattr(asked, name)
+        if name != "temperature" and value != default:
+            body[name] = list(value) if isinstance(value, tuple) else value
+    return body
 
 class VllmRsDriver(FrontendDriver):
     """Runs `vllm-rs frontend` against the engine group and drives it over HTTP."""
@@ -192,14 +207,13 @@ class VllmRsDriver(FrontendDriver):
                        sampling: Sampling | None = None) -> StreamHandle:
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=RS_PASS_THROUGH)
-        check_sampling(self.name, sampling)  # greedy only ("temperature": 0 below)
         handle = StreamHandle(list(prompt_token_ids))
         request_tag = f"cw{self._tag}-{next(self._seq)}" if request_id is None else request_id
         external = f"cmpl-{request_tag}"
         self._external.add(external)
         body: dict[str, Any] = {"model": model_dir(), "prompt": list(prompt_token_ids),
-                                "max_tokens": max_tokens, "stream": stream, "temperature": 0,
-                                "return_token_ids": True}
+                                "max_tokens": max_tokens, "stream": stream,
+                                "return_token_ids": True, **completion_sampling(sampling)}
         if stop:
             body["stop"] = list(stop)
         body.update(params or {})  # OpenAI-body fields of the same name (vllm-rs serves them)

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from harness.frontends.driver import (
+    GREEDY,
     FrontendError,
     ObservedConfig,
+    Sampling,
     StartupError,
     StreamHandle,
     prompt_embeds_bytes,
@@ -64,6 +66,10 @@ class EngineDeadError(FrontendError):
 
 class DuplicateRequestId(FrontendError):
     """A client-chosen request id is already in flight; nothing was sent."""
+
+
+# Below this temperature vLLM treats a request as greedy (_SAMPLING_EPS, sampling_params.py).
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -237,17 +243,18 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
     def add_request(self, prompt: Sequence[int], max_tokens: int, *,
                     data_parallel_rank: int | None = None,
                     stop: Sequence[str] | None = None, request_id: str | None = None,
-                    params: Mapping[str, Any] | None = None) -> tuple[StreamHandle, Send]:
+                    params: Mapping[str, Any] | None = None,
+                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         """Register a request and return its handle and the ADD to send."""
         return self.register_request(prompt, max_tokens,
                                      data_parallel_rank=data_parallel_rank, stop=stop,
-                                     request_id=request_id, params=params)
+                                     request_id=request_id, params=params, sampling=sampling)
 
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
-                         params: Mapping[str, Any] | None = None, resumable: bool = False
-                         ) -> tuple[StreamHandle, Send]:
+                         params: Mapping[str, Any] | None = None, resumable: bool = False,
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         """add_request's work; `resumable` opens a streaming-input session (sessions.py)."""
         self._check_alive()
         if not self.registered:
@@ -260,16 +267,34 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self.ended.pop(rid, None)  # a reused id names the new request from now on
         self.stopped.pop(rid, None)
         self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()),
-                                          session=SessionState() if resumable else None)
+                                          session=SessionState(sampling=sampling)
+                                          if resumable else None)
         self.engines[rank].inflight += 1
-        sampling = m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                  _eos_token_id=EOS_TOKEN_ID,
-                                  _all_stop_token_ids={EOS_TOKEN_ID}, extra_args=extra_args)
         request = m.EngineCoreRequest(
-            rid, list(prompt), None, sampling, None, time.time(), None, cache_salt,
+            rid, list(prompt), None, self.sampling_params(max_tokens, sampling, extra_args),
+            None, time.time(), None, cache_salt,
             data_parallel_rank, prompt_embeds=embeds, client_index=self.client_index,
             current_wave=self.current_wave, resumable=resumable, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        """The ADD's SamplingParams for what the client asked, as vLLM's frontends build
+        it: a greedy request's top_p/top_k/min_p reset (sampling_params.py:615-619), the
+        model's EOS as _eos_token_id unless ignore_eos, and EOS with the client's stop
+        token ids in _all_stop_token_ids (the engine's min_tokens rule reads them)."""
+        greedy = sampling.temperature < GREEDY_BELOW
+        return m.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            min_p=0.0 if greedy else sampling.min_p,
+            seed=sampling.seed, ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
+            stop_token_ids=list(sampling.stop_token_ids) or None, max_tokens=max_tokens,
+            _eos_token_id=None if sampling.ignore_eos else EOS_TOKEN_ID,
+            _all_stop_token_ids={EOS_TOKEN_ID, *sampling.stop_token_ids},
+            extra_args=extra_args)
 
     def assign_request_id(self, request_id: str | None) -> str:
         """A client-chosen id is used as is; a live duplicate is refused before any ADD
@@ -423,7 +448,9 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             if self.deliver_until_stop(state, output):
                 return
         elif output.new_token_ids:
-            handle.add_tokens(output.new_token_ids, detokenize(output.new_token_ids))
+            handle.add_tokens(output.new_token_ids,
+                              "".join(self.token_text(output, i)
+                                      for i in range(len(output.new_token_ids))))
         if output.finish_reason is not None:
             if state.session is not None and self.segment_continues(state, output):
                 return  # a segment boundary: the session's stream goes on
@@ -468,7 +495,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         keep = self.hold_back(state)
         tokens = output.new_token_ids
         for i, token in enumerate(tokens):
-            state.held_text += detokenize([token])
+            state.held_text += self.token_text(output, i)
             pos = self.stop_position(state)
             if pos >= 0:
                 # Held text covers every possible match start, so pos >= len(handle.text).
@@ -482,6 +509,16 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             text, state.held_text = state.held_text[:cut], state.held_text[cut:]
             handle.add_tokens([token], text)
         return False
+
+    def token_text(self, output: m.EngineCoreOutput, index: int) -> str:
+        """The text the output's token at `index` adds to the stream: none for the last
+        token of an output the engine finished with STOP (EOS or a stop token id), which
+        vLLM's frontends keep among the tokens but leave out of the text (0.33.0
+        detokenizer.py:107-112, Rust decoded.rs:181-187)."""
+        if (output.finish_reason is m.FinishReason.STOP
+                and index == len(output.new_token_ids) - 1):
+            return ""
+        return detokenize([output.new_token_ids[index]])
 
     def hold_back(self, state: RequestState) -> int:
         """Characters withheld at the end of the text: any shorter tail could still be the

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import (
     ALL_CAPABILITIES,
+    GREEDY,
     PASS_THROUGH_FIELDS,
     TENSOR_FIELDS,
     Capability,
@@ -16,7 +17,6 @@ from harness.frontends.driver import (
     Sampling,
     StreamHandle,
     check_generate_options,
-    check_sampling,
 )
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
@@ -80,17 +80,17 @@ class ReferenceDriver(FrontendDriver):
                        sampling: Sampling | None = None) -> StreamHandle:
         check_generate_options(self.name, request_id, params, request_ids=True,
                                pass_through=PASS_THROUGH_FIELDS + TENSOR_FIELDS)
-        check_sampling(self.name, sampling)  # the core makes greedy requests only
         return await self._fe().generate(prompt_token_ids, max_tokens,
                                          data_parallel_rank=data_parallel_rank, stop=stop,
-                                         request_id=request_id, params=params)
+                                         request_id=request_id, params=params,
+                                         sampling=sampling or GREEDY)
 
     async def open_session(self, prompt_token_ids: Sequence[int], max_tokens: int, *,
                            data_parallel_rank: int | None = None,
                            sampling: Sampling | None = None) -> StreamHandle:
-        check_sampling(self.name, sampling)
         return await self._fe().open_session(prompt_token_ids, max_tokens,
-                                             data_parallel_rank=data_parallel_rank)
+                                             data_parallel_rank=data_parallel_rank,
+                                             sampling=sampling or GREEDY)
 
     async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
                                max_tokens: int) -> None:

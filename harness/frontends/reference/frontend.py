@@ -19,7 +19,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from harness.frontends.core_io import UtilityWaiters, drain_pass, no_reply, take_output
-from harness.frontends.driver import StartupError, StreamHandle
+from harness.frontends.driver import GREEDY, Sampling, StartupError, StreamHandle
 from harness.frontends.reference.coordinator import (
     CoordinatorError,
     Effect,
@@ -162,13 +162,16 @@ class ReferenceFrontend:
     async def generate(self, prompt: Sequence[int], max_tokens: int, *,
                        data_parallel_rank: int | None = None,
                        stop: Sequence[str] | None = None, request_id: str | None = None,
-                       params: Mapping[str, Any] | None = None) -> StreamHandle:
+                       params: Mapping[str, Any] | None = None,
+                       sampling: Sampling = GREEDY) -> StreamHandle:
         # Only when set: wrapped cores (the stateful probe) keep the older signature.
         options: dict[str, Any] = {}
         if request_id is not None:
             options["request_id"] = request_id
         if params:
             options["params"] = params
+        if sampling != GREEDY:
+            options["sampling"] = sampling
         handle, send = self.core.add_request(prompt, max_tokens,
                                              data_parallel_rank=data_parallel_rank, stop=stop,
                                              **options)
@@ -183,9 +186,11 @@ class ReferenceFrontend:
         return handle
 
     async def open_session(self, prompt: Sequence[int], max_tokens: int, *,
-                           data_parallel_rank: int | None = None) -> StreamHandle:
+                           data_parallel_rank: int | None = None,
+                           sampling: Sampling = GREEDY) -> StreamHandle:
         handle, send = self.core.open_session(prompt, max_tokens,
-                                              data_parallel_rank=data_parallel_rank)
+                                              data_parallel_rank=data_parallel_rank,
+                                              sampling=sampling)
         await self._send([send])
         return handle
 

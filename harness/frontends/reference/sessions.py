@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.frontends.driver import FrontendError, StreamHandle
+from harness.frontends.driver import GREEDY, FrontendError, Sampling, StreamHandle
 from harness.lifecycle import Event
-from harness.vocab import EOS_TOKEN_ID
 from harness.wire import WireCodec
 from harness.wire import messages as m
 
@@ -43,6 +42,7 @@ class SessionState:
     segments_running: int = 1
     closing: bool = False
     last_reason: str | None = None  # the finish reason of the latest finished segment
+    sampling: Sampling = GREEDY  # the client's, from open_session: every segment keeps it
 
 
 class SessionRules:
@@ -65,17 +65,22 @@ class SessionRules:
         raise NotImplementedError
 
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
-                         data_parallel_rank: int | None = None, resumable: bool = False
-                         ) -> tuple[StreamHandle, Send]:
+                         data_parallel_rank: int | None = None, resumable: bool = False,
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        raise NotImplementedError
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling) -> m.SamplingParams:
         raise NotImplementedError
 
     # ------------------------------------------------------------ client surface
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
-                     data_parallel_rank: int | None = None) -> tuple[StreamHandle, Send]:
+                     data_parallel_rank: int | None = None,
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
         """The first segment: an ordinary ADD, routed as usual, with resumable=True."""
         return self.register_request(prompt, max_tokens,
-                                     data_parallel_rank=data_parallel_rank, resumable=True)
+                                     data_parallel_rank=data_parallel_rank, resumable=True,
+                                     sampling=sampling)
 
     def open_session_state(self, rid: str) -> SessionState:
         """The session of `rid`, or SessionError when none is open (Rust client:
@@ -113,14 +118,15 @@ class SessionRules:
         state = self.request(rid)
         if state is None:
             raise SessionError(f"request {rid!r} has no streaming-input session")
-        request = self.session_request(rid, prompt, self.session_sampling(max_tokens),
+        sampling = state.session.sampling if state.session is not None else GREEDY
+        request = self.session_request(rid, prompt, self.session_sampling(max_tokens, sampling),
                                        resumable=resumable)
         return self.engines[state.rank].identity, self.codec.encode_add(request)
 
-    def session_sampling(self, max_tokens: int) -> m.SamplingParams:
-        """A session ADD's sampling: greedy, with the EOS token, like the first segment's."""
-        return m.SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                _eos_token_id=EOS_TOKEN_ID, _all_stop_token_ids={EOS_TOKEN_ID})
+    def session_sampling(self, max_tokens: int, sampling: Sampling) -> m.SamplingParams:
+        """A session ADD's sampling: the first segment's (the client's `sampling`), with
+        this segment's max_tokens."""
+        return self.sampling_params(max_tokens, sampling)
 
     def session_request(self, rid: str, prompt: Sequence[int], sampling: m.SamplingParams,
                         *, resumable: bool) -> m.EngineCoreRequest:

@@ -1,0 +1,122 @@
+"""Mutant reference cores for what the ADD carries for the engine's sampler and scheduler
+(conformance/test_streaming_sampling.py) and for the text of an engine STOP
+(conformance/test_streaming.py, streaming.text.stop_finish_last_token_silent_*): one
+realistic port bug each, none of them caught by a case that asks for greedy decoding only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+
+from harness.frontends.driver import GREEDY, Sampling
+from harness.frontends.mutants_edges_d import AddRewritten
+from harness.frontends.reference.core import ReferenceFrontendCore
+from harness.vocab import EOS_TOKEN_ID, detokenize
+from harness.wire import messages as m
+
+
+class SamplingValuesDropped(ReferenceFrontendCore):
+    """A port grown from greedy requests copies only what those needed (temperature, the
+    EOS rule, max_tokens): top_p, top_k, min_p and seed stay at the struct's defaults."""
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        kept = replace(GREEDY, temperature=sampling.temperature,
+                       ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens,
+                       stop_token_ids=sampling.stop_token_ids)
+        return super().sampling_params(max_tokens, kept, extra_args)
+
+
+class SeedZeroDropped(ReferenceFrontendCore):
+    """`seed = asked.seed or None`: a seed of 0 is taken for "no seed" and the engine
+    samples unseeded (a truthiness test on an optional int)."""
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        return super().sampling_params(max_tokens, replace(sampling, seed=sampling.seed or None),
+                                       extra_args)
+
+
+class SamplingOfFirstRequest(ReferenceFrontendCore):
+    """The SamplingParams of the first non-greedy request is built once and shared: every
+    later non-greedy request goes out with the first one's values."""
+
+    first: Sampling | None = None
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        if sampling != GREEDY:
+            self.first = self.first or sampling
+            sampling = self.first
+        return super().sampling_params(max_tokens, sampling, extra_args)
+
+
+class IgnoreEosStillStops(ReferenceFrontendCore):
+    """ignore_eos is copied, but the model's EOS id is set as _eos_token_id all the same:
+    the engine still stops at end of sequence."""
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        built = super().sampling_params(max_tokens, sampling, extra_args)
+        return msgspec.structs.replace(built, _eos_token_id=EOS_TOKEN_ID)
+
+
+class StopIdsNotAmongAllStop(ReferenceFrontendCore):
+    """The client's stop token ids go into stop_token_ids only, not _all_stop_token_ids:
+    the engine's min_tokens rule then lets them through before min_tokens."""
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        built = super().sampling_params(max_tokens, sampling, extra_args)
+        return msgspec.structs.replace(built, _all_stop_token_ids={EOS_TOKEN_ID})
+
+
+class MinTokensDropped(ReferenceFrontendCore):
+    """min_tokens never reaches the ADD (0): the engine may stop before it."""
+
+    def sampling_params(self, max_tokens: int, sampling: Sampling,
+                        extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
+        return super().sampling_params(max_tokens, replace(sampling, min_tokens=0), extra_args)
+
+
+class ContinuationGreedy(ReferenceFrontendCore):
+    """A session's continuations are built greedy (with the EOS rule right), whatever the
+    client asked when it opened the session."""
+
+    def session_sampling(self, max_tokens: int, sampling: Sampling) -> m.SamplingParams:
+        return self.sampling_params(max_tokens, GREEDY)
+
+
+class PlainAddsResumable(AddRewritten):
+    """Every ADD is marked resumable (a port that always sets the flag its streaming-input
+    path needs): a real engine keeps each finished request waiting for more input."""
+
+    def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
+        return msgspec.structs.replace(request, resumable=True)
+
+
+class ArrivalTimeMilliseconds(AddRewritten):
+    """arrival_time in milliseconds (a JavaScript-style clock): the scheduler's
+    (priority, arrival_time) order puts this frontend's requests behind every other's."""
+
+    def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
+        return msgspec.structs.replace(request, arrival_time=request.arrival_time * 1000)
+
+
+class ArrivalTimeMonotonic(AddRewritten):
+    """arrival_time from the monotonic clock (seconds since boot), not Unix time."""
+
+    def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
+        return msgspec.structs.replace(request, arrival_time=time.monotonic())
+
+
+class StopTokenTextShown(ReferenceFrontendCore):
+    """Every token's text is shown, the stop token of an engine STOP too (the text is
+    the tokens' texts joined, with no exception for the terminal stop token)."""
+
+    def token_text(self, output: m.EngineCoreOutput, index: int) -> str:
+        return detokenize([output.new_token_ids[index]])
