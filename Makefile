@@ -76,7 +76,8 @@ compliance: $(VLLM_STAMP)
 	  --baseline fixtures/baselines/vllm-0.33.json --out docs/compliance.md
 	$(BIN)/python scripts/gen_spec.py
 
-# Regenerate docs/coverage.md: vLLM 0.33.0's own client tests -> the cases covering them
+# Regenerate docs/coverage.md: vLLM 0.33.0's own client tests -> the cases covering them,
+# and the field table (fixtures/coverage/fields-0.33.0.toml: every wire field -> its cases)
 # (fixtures/coverage/vllm-0.33.0.json + the case specs; no vLLM, no network).
 coverage: $(CORE_STAMP)
 	$(BIN)/python scripts/gen_coverage.py

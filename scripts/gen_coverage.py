@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.report.fields import load_fields, render_fields  # noqa: E402
+
 MAP_PATH = ROOT / "fixtures" / "coverage" / "vllm-0.33.0.json"
+FIELDS_PATH = ROOT / "fixtures" / "coverage" / "fields-0.33.0.toml"
 DOC_PATH = ROOT / "docs" / "coverage.md"
 LEVELS = ("MUST", "SHOULD", "INFO")
 
@@ -171,8 +177,9 @@ def _summary(tests: list[UpstreamTest]) -> str:
             f"**{open_}** open (observable, no case yet).")
 
 
-def render(cmap: CoverageMap, levels: dict[str, str]) -> str:
-    """docs/coverage.md as a string (deterministic: map order, no timestamps)."""
+def render(cmap: CoverageMap, levels: dict[str, str], field_lines: Sequence[str] = ()) -> str:
+    """docs/coverage.md as a string (deterministic: map order, no timestamps); the field
+    table (harness.report.fields) goes last."""
     out = [
         f"# Coverage of vLLM {cmap.vllm_version}'s own client tests",
         "",
@@ -194,6 +201,10 @@ def render(cmap: CoverageMap, levels: dict[str, str]) -> str:
     ]
     for f in cmap.files:
         out.append(f"- {f.title}: {_summary(cmap.tests_of(f.key))}")
+    if field_lines:
+        out.append("- Every field of every wire message, with the cases that check its value: "
+                   "[Fields](#fields-every-field-of-every-message-x-the-cases-that-check-its-"
+                   "value) below.")
     for f in cmap.files:
         tests = cmap.tests_of(f.key)
         out += ["", f"## {f.title}", "",
@@ -224,7 +235,13 @@ def render(cmap: CoverageMap, levels: dict[str, str]) -> str:
         exists = "yes" if case_id in levels else "no"
         out.append(f"| `{case_id}` | {w.level} | {_cell(w.requirement)} | "
                    f"{', '.join(f'`{u}`' for u in users[case_id])} | {exists} |")
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, *field_lines]) + "\n"
+
+
+def render_document(cmap: CoverageMap, levels: dict[str, str]) -> str:
+    """docs/coverage.md whole: the upstream-test map and the field table."""
+    return render(cmap, levels, render_fields(load_fields(FIELDS_PATH), levels,
+                                              str(FIELDS_PATH.relative_to(ROOT))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cmap = load_map(args.map)
     levels = collect_case_levels()
-    text = render(cmap, levels)
+    text = render_document(cmap, levels)
     missing = sorted({c for t in cmap.tests for c in t.cases} - set(levels))
     if missing:
         print(f"error: the map names cases that do not exist: {', '.join(missing)}",

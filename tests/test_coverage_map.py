@@ -8,6 +8,7 @@ proposals and are not required to exist (the lead decides which become cases).
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from collections import Counter
@@ -121,5 +122,51 @@ def _counts(line: str) -> tuple[int, int, int, int]:
 
 def test_docs_coverage_md_is_up_to_date(cmap: Any, levels: dict[str, str]) -> None:
     current = (ROOT / "docs" / "coverage.md").read_text(encoding="utf-8")
-    assert current == gen.render(cmap, levels), \
+    assert current == gen.render_document(cmap, levels), \
         "docs/coverage.md is stale: run `make coverage` (scripts/gen_coverage.py)"
+
+
+# ------------------------------------------------------------------ the field table
+
+
+def _field_inputs() -> tuple[list[Any], list[tuple[str, str]], dict[str, list[str]]]:
+    from harness.report.fields import expected_fields, load_fields
+
+    rows = load_fields(gen.FIELDS_PATH)
+    profile = json.loads((ROOT / "fixtures" / "profiles" / "vllm-0.33.0.json").read_text())
+    record = json.loads((ROOT / "fixtures" / "kill-matrix.json").read_text())
+    caught_by = {m: list(entry["caught_by"]) for m, entry in record["mutants"].items()}
+    return rows, expected_fields(profile), caught_by
+
+
+def test_the_field_table_covers_every_field_and_proves_its_mutants() -> None:
+    """Every field of the 0.33.0 profile's structs and of the other messages has one row;
+    every case named exists; a row without a case says why; every mutant a row names is
+    caught by one of that row's cases in the kill matrix (a claimed check is a proven one)."""
+    from harness.report.fields import field_problems
+
+    rows, expected, caught_by = _field_inputs()
+    assert len(expected) == len(set(expected)) > 100
+    assert field_problems(rows, expected, gen.collect_case_levels(), caught_by) == []
+
+
+def test_the_field_checker_fails_what_it_should() -> None:
+    """The checker is not one that cannot fail: a missing row, an unknown case, an empty
+    row without a reason and a mutant none of its cases catch are each reported."""
+    from dataclasses import replace
+
+    from harness.report.fields import field_problems
+
+    rows, expected, caught_by = _field_inputs()
+    levels = gen.collect_case_levels()
+    broken = list(rows[1:])  # the first field lost
+    first_checked = next(i for i, r in enumerate(broken) if r.cases and r.mutants)
+    row = broken[first_checked]
+    broken[first_checked] = replace(row, cases=("streaming.no.such_case",))
+    empty = next(i for i, r in enumerate(broken) if not r.cases)
+    broken[empty] = replace(broken[empty], reason=" ")
+    problems = "\n".join(field_problems(broken, expected, levels, caught_by))
+    assert f"{rows[0].message}.{rows[0].field}: 0 rows" in problems
+    assert "no case streaming.no.such_case" in problems
+    assert f"mutant {row.mutants[0]} is caught by none of the row's cases" in problems
+    assert "no case and no reason why" in problems
