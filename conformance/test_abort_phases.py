@@ -254,6 +254,11 @@ async def mid_stream(ctx: CaseContext) -> None:
 ENDINGS: dict[str, tuple[str, list[Step]]] = {
     "length": ("LENGTH from the engine", stream([100, 101])),
     "eos": ("EOS token, STOP from the engine", stream([100, 2], reason=m.FinishReason.STOP)),
+    "stop_token": ("a stop token id, STOP from the engine",
+                   stream([100, 201], reason=m.FinishReason.STOP, stop_reason=201)),
+    "repetition": ("REPETITION finish from the engine",
+                   stream([100, 101], reason=m.FinishReason.REPETITION,
+                          stop_reason="repetition_detected")),
     "engine_abort": ("ABORT finish from the engine",
                      [Emit([100]), Finish(m.FinishReason.ABORT)]),
     "error": ("per-request ERROR from the engine",

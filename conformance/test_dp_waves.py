@@ -128,6 +128,54 @@ async def add_follows_newest(ctx: CaseContext) -> None:
     ctx.require(seen == [2, 5], expected="ADD waves [2, 5]", observed=f"{seen}")
 
 
+# A coordinator publishes (None, wave, running) on every wave change (coordinator.py:444):
+# counts nil is a wave-only update, not a malformed one.
+NIL_COUNTS = both(
+    py("vllm/v1/engine/core_client.py:1589", "self.current_wave = wave"),
+    py("vllm/v1/engine/core_client.py:1591", "if counts is not None:"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:32", "counts: OpaqueValue,"),
+    rs("rust/src/engine-core-client/src/coordinator/external.rs:70",
+       "state.current_wave = update.wave;"),
+    engine("vllm/v1/engine/coordinator.py:443",
+           "message = (None, current_wave, engines_running)"),
+    engine("vllm/v1/engine/core.py:2375", "if request_wave > self.current_wave:"))
+
+
+for _n in (2, 3):
+    def _make_nil_counts(n: int = _n) -> None:
+        @case(f"dp.wave.nil_counts_publication_{n}_engines", Level.MUST,
+              f"With {n} engines, a wave-only publication [nil, 6, true] (what a 0.33.0 "
+              "coordinator sends on every wave change) is read, not taken for a malformed "
+              "one: the next ADD carries current_wave 6, its stream completes, and a later "
+              "request is served too.", grounds=NIL_COUNTS, needs=GEN)
+        async def nil_counts(ctx: CaseContext) -> None:
+            group = await ctx.start(n)
+            coordinator = group.coordinator
+            assert coordinator is not None
+            await ctx.quiet(0.2)  # regular publications with counts first
+            coordinator.publishing = False  # the wave-only update stays the newest
+            coordinator.wave, coordinator.running = 6, True
+            coordinator.inject.append(group.codec.encode_dp_stats(
+                m.DPStatsUpdate(None, 6, True)))
+            sent = await ctx.wait_until(
+                lambda: any(r.note == "injected"
+                            for r in coordinator.transcript.select(direction="out")), 2)
+            ctx.require(sent, expected="the mock coordinator sends the wave-only update",
+                        observed="not sent (harness fault)")
+            await ctx.quiet(0.3)
+            got = await _add_wave(ctx, group, 40)
+            ctx.require(got == 6, expected="the next ADD with current_wave 6",
+                        observed=f"current_wave {got}")
+            later = await ctx.driver.generate(prompt(41), 2)
+            await later.wait(ctx.t(3))
+            ctx.require(later.finish_reason == "length" and later.tokens == [100, 101],
+                        expected="a later request served normally",
+                        observed=f"{later.finish_reason} {later.tokens} error={later.error}")
+
+        globals()[f"nil_counts_publication_{n}"] = nil_counts
+    _make_nil_counts()
+
+
 @case("dp.wave.wave_while_running", Level.MUST,
       "A wave published while the engines are running (engines_running=true) is stamped "
       "on the ADD too.", grounds=RUNNING, needs=GEN)

@@ -60,6 +60,11 @@ FINISH = {
                      "EngineCoreFinishReason::Error => FinishReason::Error(error),"),
                   rs("rust/src/server/src/routes/openai/completions.rs:499",
                      "FinishReason::Error(error) => Err(engine_error(error.as_deref())),")),
+    "repetition": both(*_PY_OWN, *_RS_OWN,
+                       rs("rust/src/llm/src/output.rs:157",
+                          "EngineCoreFinishReason::Repetition => FinishReason::Repetition"),
+                       rs("rust/src/server/src/routes/openai/completions.rs:496",
+                          'FinishReason::Repetition(_) => Ok("repetition"),')),
 }
 # Stop strings: the earliest match, text and tokens cut at it, and one ABORT to the owning
 # engine unless the engine had finished the request itself.
@@ -117,6 +122,10 @@ ENDINGS = [
            "a per-request ERROR before any token"),
     Ending("error_mid", (Emit([200]), Emit([201], 0.02), Finish(F.ERROR, delay=0.03)),
            "error", (200, 201), "a per-request ERROR after two tokens"),
+    Ending("repetition", (Emit([200]), Finish(F.REPETITION, [201], 0.05,
+                                                stop_reason="repetition_detected")),
+           "repetition", (200, 201),
+           "a REPETITION finish with the last token in the final output"),
 ]
 
 

@@ -380,3 +380,14 @@ class StartupAcceptsAnything(ReferenceFrontendCore):
             if engine.registered:
                 raise  # refused after registration (a block_size disagreement): as before
             engine.registered = True
+
+
+class NilCountsSkipped(ReferenceFrontendCore):
+    """A coordinator publication without counts (the wave-only update a 0.33.0 coordinator
+    sends on every wave change) is skipped as malformed: its wave never reaches an ADD
+    (a port whose stats struct has a non-optional counts list)."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if update.counts is None:
+            return
+        super().on_dp_stats(update)
