@@ -233,6 +233,36 @@ async def missing_max_model_len(ctx: CaseContext) -> None:
     await _expect_startup_failure(ctx, [_raw_ready(0, drop="max_model_len")], within=4)
 
 
+# More keys both 0.33.0 decoders require (a msgspec field without default; a serde field
+# that is no Option): a port that fills in a default for a missing one starts on a ready
+# response no vLLM frontend accepts. num_gpu_blocks is capacity, the others identity.
+_REQUIRED_KEYS = (("num_gpu_blocks", 82, "num_gpu_blocks: int", 55, "pub num_gpu_blocks: u64,"),
+                  ("dtype", 85, "dtype: str", 61, "pub dtype: ModelDtype,"),
+                  ("max_num_seqs", 93, "max_num_seqs: int", 82, "pub max_num_seqs: u64,"),
+                  ("instance_id", 95, "instance_id: str", 86, "pub instance_id: String,"))
+def _make_missing(key: str, py_line: int, py_text: str, rs_line: int, rs_text: str) -> None:
+    grounds = both(
+        py(f"{CC}:856", "msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)"),
+        py(f"{RDY}:{py_line}", py_text),
+        rs(f"{TR}:543",
+           "let ready_response: EngineCoreReadyResponse = decode_msgpack(&frames[1])?;"),
+        rs(f"{HS}:{rs_line}", rs_text))
+
+    @case(f"handshake.ready.missing_{key}", Level.MUST,
+          f"A ready response without the required {key} key is rejected at startup, "
+          "promptly (both 0.33.0 decoders require it; no default is filled in).",
+          grounds=grounds)
+    async def missing(ctx: CaseContext) -> None:
+        await _expect_startup_failure(ctx, [_raw_ready(0, drop=key)], within=4)
+
+    missing.__name__ = missing.__qualname__ = f"missing_{key}"
+    globals()[missing.__name__] = missing
+
+
+for _required in _REQUIRED_KEYS:
+    _make_missing(*_required)
+
+
 @case("handshake.ready.garbage_payload", Level.MUST,
       "A ready frame that is not msgpack is rejected at startup, promptly.",
       grounds=READY_DECODE)
