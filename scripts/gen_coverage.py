@@ -25,10 +25,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.report.dimensions import load_cells, render_grids  # noqa: E402
 from harness.report.fields import load_fields, render_fields  # noqa: E402
 
 MAP_PATH = ROOT / "fixtures" / "coverage" / "vllm-0.33.0.json"
 FIELDS_PATH = ROOT / "fixtures" / "coverage" / "fields-0.33.0.toml"
+GRIDS_PATH = ROOT / "fixtures" / "coverage" / "dimensions.toml"
+GRIDS_DOC = ROOT / "docs" / "dimensions.md"
 DOC_PATH = ROOT / "docs" / "coverage.md"
 LEVELS = ("MUST", "SHOULD", "INFO")
 
@@ -244,6 +247,11 @@ def render_document(cmap: CoverageMap, levels: dict[str, str]) -> str:
                                               str(FIELDS_PATH.relative_to(ROOT))))
 
 
+def render_grid_document(levels: dict[str, str]) -> str:
+    """docs/dimensions.md whole: the per-area dimension grids."""
+    return render_grids(load_cells(GRIDS_PATH), levels, str(GRIDS_PATH.relative_to(ROOT)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true",
@@ -259,18 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the map names cases that do not exist: {', '.join(missing)}",
               file=sys.stderr)
         return 1
+    grids = render_grid_document(levels)
     if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is stale: run `make coverage`", file=sys.stderr)
-            return 1
-        return 0
+        stale = [str(path) for path, want in ((args.out, text), (GRIDS_DOC, grids))
+                 if (path.read_text(encoding="utf-8") if path.exists() else "") != want]
+        for path in stale:
+            print(f"{path} is stale: run `make coverage`", file=sys.stderr)
+        return 1 if stale else 0
     args.out.write_text(text, encoding="utf-8")
+    GRIDS_DOC.write_text(grids, encoding="utf-8")
     existing = sorted({w.case_id for t in cmap.tests for w in t.wanted} & set(levels))
     if existing:
         print("note: wanted ids that exist now (move them into 'cases'): "
               + ", ".join(existing), file=sys.stderr)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {GRIDS_DOC}")
     return 0
 
 

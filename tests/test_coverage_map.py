@@ -170,3 +170,37 @@ def test_the_field_checker_fails_what_it_should() -> None:
     assert "no case streaming.no.such_case" in problems
     assert f"mutant {row.mutants[0]} is caught by none of the row's cases" in problems
     assert "no case and no reason why" in problems
+
+
+# ------------------------------------------------------------------ the dimension grids
+
+
+def test_the_dimension_grids_are_complete_and_explained() -> None:
+    """Every area x dimension has a cell per value (or one n/a cell), every case named
+    exists, every empty cell says why, and docs/dimensions.md is what the data renders."""
+    from harness.report.dimensions import grid_problems, load_cells
+
+    levels = gen.collect_case_levels()
+    cells = load_cells(gen.GRIDS_PATH)
+    assert grid_problems(cells, levels) == []
+    assert gen.GRIDS_DOC.read_text(encoding="utf-8") == gen.render_grid_document(levels), \
+        "docs/dimensions.md is stale: run `make coverage` (scripts/gen_coverage.py)"
+
+
+def test_the_grid_checker_fails_what_it_should() -> None:
+    from dataclasses import replace
+
+    from harness.report.dimensions import grid_problems, load_cells
+
+    levels = gen.collect_case_levels()
+    cells = load_cells(gen.GRIDS_PATH)
+    lost = next(c for c in cells if c.value != "n/a")
+    broken = [c for c in cells if c is not lost]
+    empty = next(i for i, c in enumerate(broken) if not c.cases)
+    broken[empty] = replace(broken[empty], reason="")
+    full = next(i for i, c in enumerate(broken) if c.cases)
+    broken[full] = replace(broken[full], cases=("abort.no.such_case",))
+    problems = "\n".join(grid_problems(broken, levels))
+    assert f"{lost.area} x {lost.dimension} = {lost.value}: 0 cells" in problems
+    assert "no case and no reason why" in problems
+    assert "no case abort.no.such_case" in problems

@@ -20,6 +20,7 @@ from harness.stateful.invariants import InvariantViolation
 from harness.transport.sockets import engine_identity
 from harness.vocab import detokenize
 from harness.wire import AbortRequests, AddRequest, EngineDead, ProtocolError, WireCodec
+from harness.wire import messages as m
 
 
 @dataclass(eq=False)
@@ -37,6 +38,9 @@ class RequestModel:
     tokens: list[int] = field(default_factory=list)  # handed to the frontend while live
     aborts_sent: int = 0
     events: list[str] = field(default_factory=list)  # the handle's observer events
+    # Indexes into `tokens` whose text is left out: the last token of an output the engine
+    # finished with STOP (vLLM keeps it among the tokens, not in the text).
+    silent: set[int] = field(default_factory=set)
 
     @property
     def state(self) -> str:
@@ -47,9 +51,14 @@ class RequestModel:
         """Move along the lifecycle table; LifecycleError if `event` is impossible here."""
         self.phase = next_phase(self.phase, event, self.rid)
 
+    def text(self) -> str:
+        """The tokens' text, the silent ones left out."""
+        return "".join(detokenize([t]) for i, t in enumerate(self.tokens)
+                       if i not in self.silent)
+
     def expected_text(self) -> str:
         """Detokenized text, cut before the stop string once it matched (vLLM's default)."""
-        text = detokenize(self.tokens)
+        text = self.text()
         if self.stop is not None and self.reason == "stop":
             pos = text.find(self.stop)
             if pos >= 0:
@@ -72,12 +81,17 @@ def text_agrees(text: str, expected: str, stop: str | None, ended: bool) -> bool
     return expected.startswith(text) and len(expected) - len(text) <= len(stop) - 1
 
 
-def extend_until_stop(target: RequestModel, tokens: Sequence[int]) -> bool:
+def extend_until_stop(target: RequestModel, tokens: Sequence[int],
+                      silent_last: bool = False) -> bool:
     """Hand `tokens` to the model request one by one; True once its stop string matched
-    (vLLM drops the rest of that chunk: output_processor.py _trim_surplus_tokens)."""
-    for token in tokens:
+    (vLLM drops the rest of that chunk: output_processor.py _trim_surplus_tokens).
+    `silent_last`: the chunk is an engine STOP's final output, whose last token adds no
+    text (so it cannot complete a stop string either)."""
+    for i, token in enumerate(tokens):
         target.tokens.append(token)
-        if target.stop is not None and target.stop in detokenize(target.tokens):
+        if silent_last and i == len(tokens) - 1:
+            target.silent.add(len(target.tokens) - 1)
+        if target.stop is not None and target.stop in target.text():
             return True
     return False
 
@@ -199,7 +213,8 @@ class WireModel:
             if target is None:
                 continue
             final = output.finish_reason is not None
-            if target.phase.live and extend_until_stop(target, output.new_token_ids):
+            silent = output.finish_reason is m.FinishReason.STOP
+            if target.phase.live and extend_until_stop(target, output.new_token_ids, silent):
                 # vLLM: a stop string ends the stream with "stop"; the engine is aborted
                 # unless this very output was the request's final one there.
                 target.reason = "stop"
