@@ -184,6 +184,51 @@ async def before_add_read(ctx: CaseContext) -> None:
     _check_exactly_once(ctx, group, owners)
 
 
+def _drop_zero_delay_case(n: int) -> Callable[[CaseContext], Awaitable[None]]:
+    @case(f"abort.phase.drop_zero_delay_{n}_engines", Level.MUST,
+          f"With {n} engine(s), streams each dropped the instant its generate() returned "
+          "(no wait for the ADD to reach an engine, generate and drop interleaved) are "
+          "each, at their own engine, ADDed then ABORTed exactly once (or neither): no ADD "
+          "is left running, no ABORT overtakes its ADD, every stream ends.",
+          grounds=ADD_BEFORE_ABORT, needs=DROP)
+    async def check(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(n)])
+        handles = []
+        for i in range(2 * n):
+            handle = await ctx.driver.generate(prompt(i), 100)
+            await ctx.driver.drop([handle])  # zero delay: nothing awaited in between
+            handles.append(handle)
+        def added() -> set[str]:
+            return {req.request_id for req in group.transcript.adds()}
+
+        # Every request's ADD (a frontend may also send neither ADD nor ABORT: then the
+        # bound passes with fewer), each ABORTed.
+        settled = await ctx.wait_until(lambda: len(added()) == 2 * n
+                                       and added() <= set(group.transcript.aborted_ids()), 3)
+        settled = settled or added() <= set(group.transcript.aborted_ids())
+        owners = {req.request_id: rank for rank in range(len(group))
+                  for req in group.transcript.adds(rank)}
+        ctx.note(f"{len(owners)} of {2 * n} requests reached an engine")
+        ctx.require(settled, expected="every ADD that reached an engine ABORTed there",
+                    observed=f"ADDed, never ABORTed: "
+                             f"{sorted(set(owners) - set(group.transcript.aborted_ids()))}")
+        await ctx.quiet(0.2)  # a duplicate ABORT would arrive now
+        _check_add_before_abort(ctx, group)
+        _check_exactly_once(ctx, group, owners)
+        ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        ctx.require(ended, expected="every dropped stream ended",
+                    observed=f"{sum(not h.ended for h in handles)} still open")
+
+    check.__name__ = check.__qualname__ = f"drop_zero_delay_{n}"
+    return check
+
+
+for _n in (1, 2):
+    _fn0 = _drop_zero_delay_case(_n)
+    globals()[_fn0.__name__] = _fn0
+del _fn0
+
+
 @case("abort.phase.before_first_output", Level.MUST,
       "Dropping streams that have no output yet aborts each one once at its engine.",
       grounds=BURST_ONCE, needs=DROP)

@@ -387,6 +387,44 @@ for _engines in (1, 2):
         _make_session_max_tokens(_engines, _max)
 
 
+# A continuation's own sampling (here its max_tokens) replaces the session's for its ADD.
+SESSION_OWN_MAX_TOKENS = only(
+    py("vllm/v1/engine/async_llm.py:650", "sp = input_chunk.sampling_params"),
+    _PY_CHUNK_ADD,
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:1914", "session.max_tokens = update.max_tokens"),
+    note=_NO_RS + "a continuation asking another max_tokens than the first segment sets the "
+    "session's length engine-side (scheduler.py:1914): a continuation sent with the first "
+    "segment's value generates a different number of tokens than the client asked for")
+
+
+def _make_own_max_tokens(engines: int) -> None:
+    @case(f"streaming.resumable.continuation_own_max_tokens_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), a session opened with max_tokens=3 and continued with "
+          "max_tokens=7 sends 3 on its first ADD and 7 on its continuation: each segment "
+          "carries its own, not the first segment's.",
+          grounds=SESSION_OWN_MAX_TOKENS, needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle, rid = await open_first_segment(ctx, group, max_tokens=3)
+        await finish_segment(ctx, group, handle, rid, 1, 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 7)
+        await ctx.wait_until(lambda: len(session_adds(group, rid)) >= 2, 3)
+        resumable = [a for a in session_adds(group, rid) if a.request.resumable]
+        seen = [a.request.sampling_params.max_tokens if a.request.sampling_params else None
+                for a in resumable]
+        ctx.require(seen == [3, 7], expected="max_tokens 3 on the first ADD, 7 on the "
+                                             "continuation",
+                    observed=f"max_tokens of resumable ADDs: {seen}")
+
+    run.__name__ = run.__qualname__ = f"continuation_own_max_tokens_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    _make_own_max_tokens(_engines)
+
+
 def _make_session_rank(engines: int, rank: int) -> None:
     @case(f"streaming.resumable.explicit_rank_{rank}_of_{engines}", Level.MUST,
           f"With {engines} engines, a session opened with data_parallel_rank={rank} sends "

@@ -423,6 +423,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            mz.ArrivalTimeMonotonic),
     Mutant("stop_token_text_shown", "the stop token of an engine STOP shown in the text",
            mz.StopTokenTextShown),
+    Mutant("continuation_first_max_tokens", "continuations carry the session's first "
+           "max_tokens", mz.ContinuationFirstMaxTokens),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

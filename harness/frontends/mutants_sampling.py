@@ -7,15 +7,17 @@ realistic port bug each, none of them caught by a case that asks for greedy deco
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import GREEDY, Sampling
+from harness.frontends.driver import GREEDY, Sampling, StreamHandle
 from harness.frontends.mutants_edges_d import AddRewritten
-from harness.frontends.reference.core import ReferenceFrontendCore
+from harness.frontends.reference.core import ReferenceFrontendCore, Send
 from harness.vocab import EOS_TOKEN_ID, detokenize
+from harness.wire import WireCodec
 from harness.wire import messages as m
 
 
@@ -120,3 +122,28 @@ class StopTokenTextShown(ReferenceFrontendCore):
 
     def token_text(self, output: m.EngineCoreOutput, index: int) -> str:
         return detokenize([output.new_token_ids[index]])
+
+
+class ContinuationFirstMaxTokens(ReferenceFrontendCore):
+    """Every continuation carries the max_tokens the session was opened with, not its own
+    (a port that builds a session's SamplingParams once)."""
+
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec, client_index: int = 0
+                 ) -> None:
+        super().__init__(ranks, codec=codec, client_index=client_index)
+        self.first_max_tokens: dict[str, int] = {}
+
+    def open_session(self, prompt: Sequence[int], max_tokens: int, *,
+                     data_parallel_rank: int | None = None,
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        handle, send = super().open_session(prompt, max_tokens,
+                                            data_parallel_rank=data_parallel_rank,
+                                            sampling=sampling)
+        if handle.request_id is not None:
+            self.first_max_tokens[handle.request_id] = max_tokens
+        return handle, send
+
+    def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
+                    resumable: bool) -> Send:
+        first = self.first_max_tokens.get(rid, max_tokens) if resumable else max_tokens
+        return super().session_add(rid, prompt, first, resumable=resumable)

@@ -222,6 +222,7 @@ class VllmPyDriver(FrontendDriver):
         self._blocked_at = ""  # where that startup was when the driver shut it down
         self._streams: dict[int, tuple[StreamHandle, asyncio.Task[None]]] = {}
         self._feeds: dict[int, SessionFeed] = {}  # streaming-input sessions by handle
+        self._session_sampling: dict[int, Sampling] = {}  # the client's, by session handle
         self._ids = itertools.count()
         self._log = _LogTail()
         self._log_attached = False
@@ -485,6 +486,7 @@ class VllmPyDriver(FrontendDriver):
                                    name=f"vllm-py-session-{handle.request_id}")
         self._streams[id(handle)] = (handle, task)
         self._feeds[id(handle)] = feed
+        self._session_sampling[id(handle)] = sampling or GREEDY
         await asyncio.sleep(0)
         return handle
 
@@ -496,7 +498,12 @@ class VllmPyDriver(FrontendDriver):
 
     async def continue_session(self, handle: StreamHandle, prompt_token_ids: Sequence[int],
                                max_tokens: int) -> None:
-        self._feed(handle).push(prompt_token_ids)  # the session's sampling params apply
+        # The segment's own SamplingParams: the session's sampling with this max_tokens
+        # (AsyncLLM takes a chunk's sampling_params over the call's, async_llm.py:650-654).
+        vllm = _load_vllm()
+        params = client_sampling(vllm, self._session_sampling.get(id(handle), GREEDY),
+                                 max_tokens=max_tokens, output_kind=vllm.output_kind.DELTA)
+        self._feed(handle).push(prompt_token_ids, params)
         await asyncio.sleep(0)
 
     async def close_session(self, handle: StreamHandle) -> None:

@@ -30,13 +30,16 @@ class SessionFeed:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.closed = False
 
-    def push(self, prompt_token_ids: Sequence[int]) -> None:
+    def push(self, prompt_token_ids: Sequence[int], sampling_params: Any = None) -> None:
+        """One input segment; `sampling_params` (vLLM's SamplingParams) replaces the
+        session's for this segment (None: the session's apply, as for the first)."""
         if self.closed:
             raise FrontendError("the session's input is closed")
         protocol = importlib.import_module("vllm.engine.protocol")
         inputs = importlib.import_module("vllm.inputs")
         prompt = inputs.TokensPrompt(prompt_token_ids=list(prompt_token_ids))
-        self._queue.put_nowait(protocol.StreamingInput(prompt=prompt))
+        self._queue.put_nowait(protocol.StreamingInput(prompt=prompt,
+                                                       sampling_params=sampling_params))
 
     def close(self) -> None:
         if self.closed:
