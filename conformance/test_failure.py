@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt
+from harness.casekit import hold, prompt, requests_for
 from harness.frontends.driver import Capability, FrontendError
 from harness.grounds import both, defect, engine, py, recommendation, rs
 from harness.verdicts import Level, case
@@ -196,6 +196,36 @@ async def dead_streams(ctx: CaseContext) -> None:
     bad = [(h.finish_reason, h.error) for h in handles
            if not (h.finish_reason == "error" or h.error is not None)]
     ctx.require(not bad, expected="every open stream ends with an error", observed=bad)
+
+
+def _make_dead_before_output(engines: int) -> None:
+    @case(f"failure.engine_dead.streams_before_first_output_fail_{engines}_engines",
+          Level.MUST,
+          f"With {engines} engine(s), ENGINE_CORE_DEAD from one engine while every stream "
+          "has its ADD at an engine but no output yet ends every stream (on every engine) "
+          "with an error promptly: a stream that has received nothing is failed too.",
+          grounds=DEAD_STREAMS, needs=DEAD)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(rules=[any_request([])])
+                                 for _ in range(engines)])
+        prompts = [prompt(i) for i in range(2 * engines)]
+        handles = [await ctx.driver.generate(p, 100) for p in prompts]
+        reached = await ctx.wait_until(lambda: requests_for(group, prompts) is not None, 3)
+        ctx.require(reached, expected=f"{len(prompts)} ADDs at the engines",
+                    observed=len(group.transcript.adds()))
+        group[engines - 1].send_dead()
+        await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+        bad = [(h.finish_reason, h.error, h.tokens) for h in handles
+               if not (h.ended and (h.finish_reason == "error" or h.error is not None))]
+        ctx.require(not bad, expected="every stream, none with output yet, ends with an error",
+                    observed=f"{len(bad)} of {len(handles)} did not: {bad[:3]}")
+
+    run.__name__ = run.__qualname__ = f"dead_before_first_output_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    _make_dead_before_output(_engines)
 
 
 @case("failure.engine_dead.pending_utility_fails", Level.MUST,

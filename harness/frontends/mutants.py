@@ -425,6 +425,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            mz.StopTokenTextShown),
     Mutant("continuation_first_max_tokens", "continuations carry the session's first "
            "max_tokens", mz.ContinuationFirstMaxTokens),
+    Mutant("death_spares_unstarted", "engine death fails only streams that had output",
+           ee.DeathSparesUnstarted),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

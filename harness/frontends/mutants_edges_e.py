@@ -121,3 +121,18 @@ class SessionRefusalsUnexplained(ReferenceFrontendCore):
             return super().open_session_state(rid)
         except SessionError:
             raise SessionError("request refused") from None
+
+
+class DeathSparesUnstarted(ReferenceFrontendCore):
+    """Engine death fails only the streams that already had output (a port that fails
+    streams from its output-handling path, which a stream without output never reached):
+    a stream still waiting for its first token waits forever."""
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead is not None:
+            return
+        waiting = [rid for rid, state in self.requests.items()
+                   if not state.handle.first_output.is_set()]
+        held = {rid: self.requests.pop(rid) for rid in waiting}
+        super().mark_dead(reason)
+        self.requests.update(held)
