@@ -16,6 +16,7 @@ from conformance.test_abort import EXPLICIT_ENDS
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for
 from harness.frontends.driver import Capability
+from harness.grounds import defect, engine, py, rs
 from harness.verdicts import Level, case
 from mock_engines.script import EngineScript, any_request, by_prompt, stream
 
@@ -75,6 +76,74 @@ def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
 for _name, _order in ORDERS.items():
     for _engines in (1, 2):
         _make_order_case(_name, _order, _engines)
+
+
+# An abort list that names a live id twice: rust skips per id and forwards the rest (the
+# engine skips an id it no longer holds); python's OutputProcessor.abort_requests raises on
+# the repeat before anything is aborted.
+REPEATED_ID = defect(
+    py("vllm/v1/engine/output_processor.py:621",
+       "if req_state := self.request_states.get(request_id):"),
+    py("vllm/v1/engine/output_processor.py:624", "internal_ids.remove(request_id)"),
+    py("vllm/v1/engine/output_processor.py:633",
+       "req_state = self.request_states.pop(request_id, None)"),
+    rs("rust/src/engine-core-client/src/client/state.rs:229",
+       "let Some(tracked) = self.requests.get(request_id.as_str()) else {"),
+    engine("vllm/v1/core/sched/scheduler.py:2994",
+           "if request is None or request.is_finished():"),
+    note="python deviates: AsyncLLM.abort(ids, internal=True) with an id named twice looks "
+         "the request up again on the repeat (output_processor.py:621, its state is popped "
+         "only in the second loop, :633) and removes it from the external-id mapping a second "
+         "time (:624): ValueError before any ABORT is sent, so every live id of the call keeps "
+         "running (lost abort). rust looks each id up and forwards it to its engine "
+         "(state.rs:229), which skips an id it no longer holds (scheduler.py:2994). vLLM's own "
+         "callers pass unique internal ids; a client-supplied list reaches this path through "
+         "the engine client's public abort()")
+
+
+def _make_repeat_case(engines: int) -> None:
+    @case(f"abort.explicit_list.same_live_id_twice_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), an explicit abort naming one live id twice "
+          "([live0, live0, live1]) aborts both live ids at their own engines and nothing "
+          "else, and ends both streams 'abort': the repeat neither fails the call nor "
+          "spills to another engine (the repeat may be forwarded: vllm-rs does not dedupe, "
+          "state.rs:226-236, the engine skips an id it no longer holds).",
+          grounds=REPEATED_ID, needs=ABORT)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                 for _ in range(engines)])
+        live_prompts = [prompt(i) for i in range(2)]
+        handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
+        for h in handles:
+            await h.wait_first(ctx.t(5))
+        ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
+        ctx.require(ok, expected="both live ADDs at the engines",
+                    observed=len(group.transcript.adds()))
+        owners = requests_for(group, live_prompts) or {}
+        live = [f[1] if (f := request_for(group, p)) else f"missing-{i}"
+                for i, p in enumerate(live_prompts)]
+        await ctx.driver.abort([live[0], live[0], live[1]])
+        await ctx.wait_until(lambda: set(owners) <= set(group.transcript.aborted_ids()), 3)
+        await ctx.quiet(0.2)
+        sent = Counter((rid, r.rank) for r in group.transcript.abort_frames()
+                       for rid in r.message.request_ids)
+        wrong = sorted(pair for pair in sent if pair not in owners.items())
+        missing = sorted(pair for pair in owners.items() if pair not in sent)
+        ctx.require(not wrong and not missing and sent[(live[1], owners.get(live[1]))] == 1,
+                    expected=f"both live ids at their owners {sorted(owners.items())}, the "
+                             "unrepeated one once, nothing else",
+                    observed=f"(id, rank) aborted: {sorted(sent.items())}")
+        ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 2)
+        seen = [(h.finish_reason, h.error) for h in handles]
+        ctx.require(ended and all(x == ("abort", None) for x in seen),
+                    expected="both streams end 'abort'", observed=seen)
+
+    run.__name__ = run.__qualname__ = f"explicit_list_same_live_twice_{engines}"
+    globals()[run.__name__] = run
+
+
+for _engines in (1, 2):
+    _make_repeat_case(_engines)
 
 
 @case("abort.explicit_list.streams_end_abort", Level.MUST,

@@ -427,6 +427,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "max_tokens", mz.ContinuationFirstMaxTokens),
     Mutant("death_spares_unstarted", "engine death fails only streams that had output",
            ee.DeathSparesUnstarted),
+    Mutant("repeated_abort_id_fails", "an explicit abort naming an id twice fails, "
+           "nothing aborted", ma.RepeatedAbortIdFails),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

@@ -6,6 +6,9 @@ so that the abort cases of conformance/test_abort*.py prove they can fail.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from harness.frontends.driver import FrontendError
 from harness.frontends.reference.core import (
     MAX_ABORT_BATCH,
     ReferenceFrontendCore,
@@ -138,3 +141,15 @@ class StopStringNotAborted(ReferenceFrontendCore):
 
     def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
         self._finish(state.request_id, Event.FINAL_OUTPUT, "stop")
+
+
+class RepeatedAbortIdFails(ReferenceFrontendCore):
+    """An explicit abort that names one id twice fails before anything is sent (vLLM 0.33.0's
+    OutputProcessor.abort_requests with internal ids: the repeat is removed from the
+    external-id mapping a second time, ValueError), so every live id of the call runs on."""
+
+    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+        ids = list(request_ids)
+        if len(set(ids)) < len(ids):
+            raise FrontendError("list.remove(x): x not in list")
+        return super().abort(ids)
