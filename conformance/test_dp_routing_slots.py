@@ -97,6 +97,10 @@ KINDS = [
             [101], 0.03)), _engine_ends),
     EndKind("engine_error", "end with an engine ERROR", _finish_rules(Emit([100]), Finish(
             F.ERROR, delay=0.03)), _engine_ends, (Capability.REQUEST_ERRORS,)),
+    EndKind("engine_abort", "end with an engine-side ABORT", _finish_rules(Emit([100]), Finish(
+            F.ABORT, delay=0.03)), _engine_ends),
+    EndKind("repetition", "end with a REPETITION finish", _finish_rules(Emit([100]), Finish(
+            F.REPETITION, [101], 0.03, stop_reason="repetition_detected")), _engine_ends),
     EndKind("stop_string", f"end at the stop string {STOP!r} (the frontend ends them and "
             "aborts them at the engine)", _finish_rules(Emit([100]), Emit([101], 0.03)),
             _engine_ends, (Capability.STOP_STRINGS,), (STOP,)),

@@ -429,6 +429,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            ee.DeathSparesUnstarted),
     Mutant("repeated_abort_id_fails", "an explicit abort naming an id twice fails, "
            "nothing aborted", ma.RepeatedAbortIdFails),
+    Mutant("engine_abort_keeps_routing_slot", "requests the engine ends with ABORT or "
+           "REPETITION keep their routing slots", ed.EngineAbortKeepsRoutingSlot),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

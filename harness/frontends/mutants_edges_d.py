@@ -130,6 +130,16 @@ class StopEndKeepsRoutingSlot(ReferenceFrontendCore):
         self.engines[state.rank].inflight += 1
 
 
+class EngineAbortKeepsRoutingSlot(ReferenceFrontendCore):
+    """A request the engine finishes with ABORT (or REPETITION) keeps its routing slot: only
+    the finish kinds the port thought of (stop, length, error) release one."""
+
+    def end_by_engine(self, state: RequestState, output: m.EngineCoreOutput) -> None:
+        super().end_by_engine(state, output)
+        if output.finish_reason in (m.FinishReason.ABORT, m.FinishReason.REPETITION):
+            self.engines[state.rank].inflight += 1
+
+
 # ----------------------------------------------------------------- pass-through, load
 
 
