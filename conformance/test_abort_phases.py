@@ -619,3 +619,55 @@ for _n in (1, 2):
         _fn = _reuse_case(_n, _settled)
         globals()[_fn.__name__] = _fn
 del _fn
+
+
+# Dropping a stream that already finished sends nothing, even when a live request now uses
+# its client id: the finished request left the frontend's table when it ended (python's
+# generate() returned, its state popped, output_processor.py:919; rust's terminated stream
+# skips its auto-abort, stream.rs:224), and an ABORT by the client id would end the reuse.
+DROP_FINISHED_SPARES_REUSE = both(
+    py(f"{_OP}:919", "self.request_states.pop(req_id)"),
+    py(f"{_AL}:809", "await self.abort(q.request_id, internal=True)"),
+    py("vllm/v1/engine/input_processor.py:371",
+       'request.request_id = f"{request.external_req_id}-{random_uuid():.8}"'),
+    rs(f"{_STREAM}:224", "if self.is_terminated() {"),
+    rs("rust/src/llm/src/request.rs:100",
+       'format!("{external_request_id}-{}", &random_suffix[..8])'),
+    *_ENGINE_ABORT,
+)
+
+
+def _drop_finished_case(n: int) -> Callable[[CaseContext], Awaitable[None]]:
+    @case(f"abort.reuse.drop_finished_handle_spares_reuse_{n}_engines", Level.MUST,
+          f"With {n} engine(s): a request with client id X finishes, a new request reuses X "
+          "and is live, then the client drops the first (finished) stream: no ABORT is "
+          "sent at all, and the live reuse keeps streaming.",
+          grounds=DROP_FINISHED_SPARES_REUSE, needs=[*DROP, Capability.CLIENT_REQUEST_ID])
+    async def check(ctx: CaseContext) -> None:
+        first_prompt, second_prompt = prompt(0), prompt(1)
+        rules = [by_prompt(first_prompt, stream([100])),
+                 by_prompt(second_prompt, hold((300,)))]
+        group = await ctx.start([EngineScript(rules=list(rules)) for _ in range(n)])
+        first = await ctx.driver.generate(first_prompt, 1, request_id=REUSED_ID)
+        await first.wait(ctx.t(3))
+        ctx.require(first.ended and first.finish_reason == "length",
+                    expected="the first request ends 'length'",
+                    observed=f"{first.finish_reason} {first.error}")
+        reuse = await ctx.driver.generate(second_prompt, 50, request_id=REUSED_ID)
+        await reuse.wait_first(ctx.t(3))
+        await ctx.driver.drop([first])
+        await ctx.quiet(0.3)  # an ABORT would arrive now
+        ids = group.transcript.aborted_ids()
+        ctx.require(not ids, expected="no ABORT (the dropped stream had finished)",
+                    observed=f"ABORTed ids {ids}")
+        ctx.require(not reuse.ended, expected="the reuse still streaming",
+                    observed=f"ended {reuse.finish_reason!r} error {reuse.error!r}")
+
+    check.__name__ = check.__qualname__ = f"drop_finished_spares_reuse_{n}"
+    return check
+
+
+for _n in (1, 2):
+    _fn2 = _drop_finished_case(_n)
+    globals()[_fn2.__name__] = _fn2
+del _fn2

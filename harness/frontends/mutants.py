@@ -431,6 +431,9 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "nothing aborted", ma.RepeatedAbortIdFails),
     Mutant("engine_abort_keeps_routing_slot", "requests the engine ends with ABORT or "
            "REPETITION keep their routing slots", ed.EngineAbortKeepsRoutingSlot),
+    Mutant("drop_finished_by_client_id", "dropping a finished stream aborts the request "
+           "now using its client id", ReferenceFrontendCore,
+           frontend_class=ma.DropFinishedByClientId),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

@@ -6,15 +6,16 @@ so that the abort cases of conformance/test_abort*.py prove they can fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from harness.frontends.driver import FrontendError
+from harness.frontends.driver import FrontendError, StreamHandle
 from harness.frontends.reference.core import (
     MAX_ABORT_BATCH,
     ReferenceFrontendCore,
     RequestState,
     Send,
 )
+from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.lifecycle import Event
 from harness.wire import messages as m
 
@@ -153,3 +154,11 @@ class RepeatedAbortIdFails(ReferenceFrontendCore):
         if len(set(ids)) < len(ids):
             raise FrontendError("list.remove(x): x not in list")
         return super().abort(ids)
+
+
+class DropFinishedByClientId(ReferenceFrontend):
+    """A dropped stream is aborted by its client id whether or not it already finished: once
+    a new request reuses the id, dropping the old (finished) stream aborts the new one."""
+
+    def drop(self, handles: Sequence[StreamHandle]) -> None:
+        self.drop_requests([h.request_id for h in handles if h.request_id is not None])

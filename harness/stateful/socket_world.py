@@ -84,7 +84,7 @@ class SocketWorld:
         return handle
 
     def drop(self, request_ids: list[str]) -> None:
-        self.frontend.drop(request_ids)
+        self.frontend.drop_requests(request_ids)
         self._spin()
 
     def abort(self, request_ids: list[str]) -> None:

@@ -100,7 +100,7 @@ class ReferenceDriver(FrontendDriver):
         await self._fe().close_session(_session_id(handle))
 
     async def drop(self, handles: Sequence[StreamHandle]) -> None:
-        self._fe().drop([h.request_id for h in handles if h.request_id is not None])
+        self._fe().drop(handles)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self._fe().abort(request_ids)

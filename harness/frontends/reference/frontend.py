@@ -210,7 +210,17 @@ class ReferenceFrontend:
             if sends:
                 self._tasks.append(self._spawn(self._send(sends)))
 
-    def drop(self, request_ids: Sequence[str]) -> None:
+    def drop(self, handles: Sequence[StreamHandle]) -> None:
+        """The client went away from these streams. One that already ended has nothing
+        left to abort, and its client id may name a newer request by now (vLLM: a finished
+        generate() has returned; Rust's terminated stream skips its auto-abort), so only
+        streams still open are dropped."""
+        self.drop_requests([h.request_id for h in handles
+                            if h.request_id is not None and not h.ended])
+
+    def drop_requests(self, request_ids: Sequence[str]) -> None:
+        """Drop by request id (the stateful worlds model streams by id): the drain loop
+        aborts what is still live."""
         self.core.queue_drop(request_ids)
         self._drop_signal.set()
 
