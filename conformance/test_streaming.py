@@ -182,6 +182,31 @@ async def unknown_id(ctx: CaseContext) -> None:
                 observed=f"{h.tokens} {h.finish_reason} error={h.error}")
 
 
+@case("streaming.unknown_id.related_ids_ignored", Level.MUST,
+      "Outputs for ids related to a live request's id but not equal to it (the id minus "
+      "its last character, the id with a character appended, the id with one prepended) "
+      "are ignored: the live stream gets exactly its own tokens.", grounds=UNKNOWN_ID,
+      needs=GEN)
+async def related_ids(ctx: CaseContext) -> None:
+    from harness.wire import codec_for
+
+    codec = codec_for(ctx.profile)
+
+    def steps(request: m.EngineCoreRequest) -> list[Step]:
+        rid = request.request_id
+        ghosts = codec.encode_outputs(m.EngineCoreOutputs(0, [
+            m.EngineCoreOutput(ghost, [555], finish_reason=F.LENGTH)
+            for ghost in (rid[:-1], rid + "0", "x" + rid)], None, 1.0))
+        return [Emit([100]), Garbage(ghosts, 0.02), Emit([101], 0.02),
+                Finish(F.LENGTH, [102], 0.02)]
+
+    _g, h = await _one(ctx, steps, 3)  # type: ignore[arg-type]
+    ctx.require(h.tokens == [100, 101, 102] and h.finish_reason == "length"
+                and h.error is None,
+                expected="the live request completes with exactly [100, 101, 102]",
+                observed=f"{h.tokens} {h.finish_reason} error={h.error}")
+
+
 @case("streaming.end.exactly_once", Level.MUST,
       "Outputs arriving after a request's final output do not change the ended stream.",
       grounds=END_ONCE, needs=GEN)

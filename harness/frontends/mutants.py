@@ -434,6 +434,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("drop_finished_by_client_id", "dropping a finished stream aborts the request "
            "now using its client id", ReferenceFrontendCore,
            frontend_class=ma.DropFinishedByClientId),
+    Mutant("output_id_matched_by_prefix", "an output's id matched to a live request by "
+           "prefix", ms.OutputIdMatchedByPrefix),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, RequestState
 from harness.lifecycle import Event
 from harness.wire import ProtocolError
@@ -346,3 +348,16 @@ class RetiredRequestDropped(ReferenceFrontendCore):
 
     def retired_without_output(self, rid: str) -> None:
         self.queue_drop([rid])
+
+
+class OutputIdMatchedByPrefix(ReferenceFrontendCore):
+    """An output's request id is matched loosely (the first live request whose id starts
+    with it, or that it starts with): outputs of an unrelated id reach a live stream."""
+
+    def on_request_output(self, output: m.EngineCoreOutput) -> None:
+        if output.request_id not in self.requests:
+            for rid in self.requests:
+                if rid.startswith(output.request_id) or output.request_id.startswith(rid):
+                    output = msgspec.structs.replace(output, request_id=rid)
+                    break
+        super().on_request_output(output)
