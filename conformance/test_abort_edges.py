@@ -146,6 +146,34 @@ for _engines in (1, 2):
     _make_repeat_case(_engines)
 
 
+@case("abort.explicit.prefix_related_id_spared", Level.MUST,
+      "Two live requests whose client ids are 'cwp' and 'cwp-1' (one a prefix of the other): "
+      "an explicit abort of the first's id aborts it alone; the second gets no ABORT and keeps "
+      "streaming (ids are matched exactly, never by prefix).",
+      grounds=EXPLICIT_ENDS, needs=[*ABORT, Capability.CLIENT_REQUEST_ID])
+async def prefix_related_id_spared(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())])])
+    prompts = [prompt(0), prompt(1)]
+    handles = [await ctx.driver.generate(p, 100, request_id=client_id)
+               for p, client_id in zip(prompts, ("cwp", "cwp-1"), strict=True)]
+    for h in handles:
+        await h.wait_first(ctx.t(5))
+    found = [request_for(group, p) for p in prompts]
+    ctx.require(all(found), expected="both ADDs at the engine", observed=found)
+    if not all(found):
+        return
+    target, other = (f[1] for f in found if f is not None)
+    await ctx.driver.abort([target])
+    await ctx.wait_until(lambda: target in group.transcript.aborted_ids(), 3)
+    await ctx.quiet(0.2)
+    ids = group.transcript.aborted_ids()
+    ctx.require(ids == [target], expected=f"one ABORT naming {target} only",
+                observed=f"ABORTed ids {ids}")
+    ctx.require(not handles[1].ended, expected="the other request ('cwp-1') still streaming",
+                observed=f"ended {handles[1].finish_reason!r} error {handles[1].error!r}")
+    ctx.note(f"engine-side ids: {target}, {other}")
+
+
 @case("abort.explicit_list.streams_end_abort", Level.MUST,
       "Streams ended by an explicit abort (live ids on 2 engines, listed after a stale id) "
       "end with finish_reason 'abort' and no error: the client can tell an abort from a "

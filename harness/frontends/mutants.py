@@ -436,6 +436,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            frontend_class=ma.DropFinishedByClientId),
     Mutant("output_id_matched_by_prefix", "an output's id matched to a live request by "
            "prefix", ms.OutputIdMatchedByPrefix),
+    Mutant("abort_matches_id_prefix", "an explicit abort also aborts live ids it is a "
+           "prefix of", ma.AbortMatchesIdPrefix),
     Mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped",
            dp.NilCountsSkipped),
     Mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank",

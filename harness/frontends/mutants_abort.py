@@ -162,3 +162,13 @@ class DropFinishedByClientId(ReferenceFrontend):
 
     def drop(self, handles: Sequence[StreamHandle]) -> None:
         self.drop_requests([h.request_id for h in handles if h.request_id is not None])
+
+
+class AbortMatchesIdPrefix(ReferenceFrontendCore):
+    """An explicit abort takes each id as a prefix: every live request whose id starts with
+    it is aborted too (a port matching a client id against suffixed engine-side ids)."""
+
+    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+        ids = list(request_ids)
+        wider = [rid for given in ids for rid in self.requests if rid.startswith(given)]
+        return super().abort([*ids, *wider])
