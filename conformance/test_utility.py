@@ -564,6 +564,35 @@ async def cancelled_call(ctx: CaseContext) -> None:
     await _still_serves(ctx, "a cancelled call's late reply")
 
 
+@case("utility.cancel.late_reply_while_same_method_pending", Level.MUST,
+      "A cancelled is_scheduler_paused call's late reply (true) that arrives while a second "
+      "is_scheduler_paused call is pending is not taken for the second call's answer: the "
+      "second call answers its own reply (false). Replies pair with calls by call id, not "
+      "by method or arrival.", grounds=CANCEL,
+      needs=[Capability.CALL_UTILITY, Capability.CANCEL_UTILITY])
+async def late_reply_same_method(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(utilities={
+        "is_scheduler_paused": UtilityReply(True, delay=0.4)})])
+    first = asyncio.ensure_future(ctx.driver.call_utility("is_scheduler_paused", []))
+    seen = await ctx.wait_until(lambda: bool(group.transcript.utility_calls(
+        "is_scheduler_paused")), 3.0)
+    ctx.require(seen, expected="the first call at the engine", observed="no frame")
+    # The second call's reply comes after the first call's late one.
+    group.engines[0].script.utilities["is_scheduler_paused"] = UtilityReply(False, delay=0.8)
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError, FrontendError):
+        await first
+    try:
+        answer = await asyncio.wait_for(
+            ctx.driver.call_utility("is_scheduler_paused", []), ctx.t(3.0))
+    except FrontendError as exc:
+        ctx.require(False, expected="the second call answers false",
+                    observed=f"{type(exc).__name__}: {exc}")
+        return
+    ctx.require(answer is False, expected="the second call answers its own reply, false",
+                observed=f"answer {answer!r}")
+
+
 def _stray_case(name: str, engines: int, output: m.UtilityOutput, level: Level,
                 what: str, grounds: Grounds) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
