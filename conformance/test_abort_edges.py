@@ -15,9 +15,10 @@ from collections import Counter
 from conformance.test_abort import EXPLICIT_ENDS
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for
-from harness.frontends.driver import Capability
+from harness.frontends.driver import Capability, StreamHandle
 from harness.grounds import defect, engine, py, rs
 from harness.verdicts import Level, case
+from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request, by_prompt, stream
 
 ABORT = [Capability.GENERATE, Capability.ABORT]
@@ -32,6 +33,20 @@ ORDERS = {
 }
 
 
+async def _live_pair(ctx: CaseContext, group: EngineGroup
+                     ) -> tuple[list[list[int]], list[StreamHandle], dict[str, int]]:
+    """Two live streams, each past its first token, with their ADDs at the engines:
+    (prompts, handles, {engine-side id: owning rank})."""
+    live_prompts = [prompt(i) for i in range(2)]
+    handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
+    for h in handles:
+        await h.wait_first(ctx.t(5))
+    ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
+    ctx.require(ok, expected="both live ADDs at the engines",
+                observed=len(group.transcript.adds()))
+    return live_prompts, handles, requests_for(group, live_prompts) or {}
+
+
 def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
     @case(f"abort.explicit_list.{name}_{engines}_engines", Level.MUST,
           f"With {engines} engine(s), an explicit abort of the list {list(order)} (finished "
@@ -43,14 +58,7 @@ def _make_order_case(name: str, order: tuple[str, ...], engines: int) -> None:
         group = await ctx.start([EngineScript(rules=list(rules)) for _ in range(engines)])
         done = await ctx.driver.generate(finished_prompt, 1)
         await done.wait(ctx.t(3))
-        live_prompts = [prompt(i) for i in range(2)]
-        handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
-        for h in handles:
-            await h.wait_first(ctx.t(5))
-        ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
-        ctx.require(ok, expected="both live ADDs at the engines",
-                    observed=len(group.transcript.adds()))
-        owners = requests_for(group, live_prompts) or {}
+        live_prompts, handles, owners = await _live_pair(ctx, group)
         found_live = [request_for(group, p) for p in live_prompts]
         live_ids = [f[1] if f else f"missing-{i}" for i, f in enumerate(found_live)]
         finished = request_for(group, finished_prompt)
@@ -112,14 +120,7 @@ def _make_repeat_case(engines: int) -> None:
     async def run(ctx: CaseContext) -> None:
         group = await ctx.start([EngineScript(rules=[any_request(hold())])
                                  for _ in range(engines)])
-        live_prompts = [prompt(i) for i in range(2)]
-        handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
-        for h in handles:
-            await h.wait_first(ctx.t(5))
-        ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
-        ctx.require(ok, expected="both live ADDs at the engines",
-                    observed=len(group.transcript.adds()))
-        owners = requests_for(group, live_prompts) or {}
+        live_prompts, handles, owners = await _live_pair(ctx, group)
         live = [f[1] if (f := request_for(group, p)) else f"missing-{i}"
                 for i, p in enumerate(live_prompts)]
         await ctx.driver.abort([live[0], live[0], live[1]])
@@ -181,14 +182,7 @@ async def prefix_related_id_spared(ctx: CaseContext) -> None:
       grounds=EXPLICIT_ENDS, needs=ABORT)
 async def explicit_list_streams_end_abort(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
-    live_prompts = [prompt(i) for i in range(2)]
-    handles = [await ctx.driver.generate(p, 100) for p in live_prompts]
-    for h in handles:
-        await h.wait_first(ctx.t(5))
-    ok = await ctx.wait_until(lambda: requests_for(group, live_prompts) is not None, 3)
-    ctx.require(ok, expected="both live ADDs at the engines",
-                observed=len(group.transcript.adds()))
-    owners = requests_for(group, live_prompts) or {}
+    live_prompts, handles, owners = await _live_pair(ctx, group)
     await ctx.driver.abort(["no-such-request", *owners])
     ended = await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
     ctx.require(ended, expected="both aborted streams end",
