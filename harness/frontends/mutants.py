@@ -532,6 +532,14 @@ HISTORY_MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("hist_session_abort_is_boundary", "an engine ABORT of a session's segment is "
            "taken as a segment boundary", mh.SessionAbortIsBoundary,
            source=_VLLM + "pull/53861"),
+    Mutant("hist_stop_within_min_tokens", "a stop string within the first min_tokens "
+           "tokens ends the request", mh.StopWithinMinTokens, source=_VLLM + "pull/22014"),
+    Mutant("hist_empty_prompt_sent", "an empty prompt is sent to the engine",
+           mh.EmptyPromptSent, source=_VLLM + "pull/7746"),
+    Mutant("hist_prompt_over_context_sent", "a prompt longer than max_model_len is sent "
+           "to the engine", mh.PromptOverContextSent, source=_VLLM + "pull/45035"),
+    Mutant("hist_min_tokens_over_max_sent", "a request with min_tokens above max_tokens is "
+           "sent to the engine", mh.MinTokensOverMaxSent, source=_VLLM + "issues/4365"),
 ])
 
 

@@ -15,6 +15,7 @@ acted during a run: a mutant that never fires proves nothing either way.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -450,3 +451,70 @@ __all__ = [
     "SessionAbortIsBoundary", "StaleStartWaveRewinds", "StopAtTokenEndOnly",
     "StopFirstListed", "StopNoHoldback", "UtilityEngineZeroAnswer", "fired",
 ]
+
+
+# ---------------------------------------------------------------- round 3 (2026-11-27)
+# Written, and measured against the suite (docs/mutation-history.md, "Round 3"), before
+# any case looked at them.
+
+
+class StopWithinMinTokens(ReferenceFrontendCore):
+    """vLLM issue #21987 / PR #22014 ("[V1] support min_tokens for detokenizer"): the V1
+    detokenizer checked stop strings from the first token, so a stop string inside the
+    first min_tokens tokens ended the request early, shorter than the client's minimum.
+    Here: stop strings are checked at every token, min_tokens ignored."""
+
+    def stop_checked(self, state: RequestState, index: int) -> bool:
+        checked = super().stop_checked(state, index)  # may set the floor
+        floor, state.stop_floor = state.stop_floor, 0
+        found = self.stop_position(state)
+        if found >= 0:
+            state.stop_floor = floor
+            kept = self.stop_position(state) if checked else -1
+            state.stop_floor = 0
+            if kept != found:
+                fired("hist_stop_within_min_tokens")
+        return True
+
+
+class EmptyPromptSent(ReferenceFrontendCore):
+    """vLLM issue #7632 / PR #7746 ("[BugFix] Fix server crash on empty prompt"): an empty
+    prompt reached the engine (`assert num_new_tokens > 0`) and took the whole engine down;
+    the frontends now refuse it at submission (Python's input processor, vllm-rs
+    `EmptyPromptTokenIds`, whose HTTP mapping PR #45035 fixed). Here: it is sent."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        if not prompt:
+            fired("hist_empty_prompt_sent")
+            return
+        super().check_request(prompt, max_tokens, sampling)
+
+
+class PromptOverContextSent(ReferenceFrontendCore):
+    """vLLM PR #45035 ("[Bugfix][Rust Frontend] Return 400 for empty or over-length
+    completion prompts") and the prompt-length check of Python's input processor: a prompt
+    longer than the model's max_model_len must be refused before the engine sees it. Here:
+    the length is never compared with max_model_len."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        limit = self.config.max_model_len
+        if limit is not None and len(prompt) > limit:
+            fired("hist_prompt_over_context_sent")
+            prompt = prompt[:limit]
+        super().check_request(prompt, max_tokens, sampling)
+
+
+class MinTokensOverMaxSent(ReferenceFrontendCore):
+    """vLLM issue #4365 ("When I specify max-tokens and min-tokens at the same time, the
+    service reports an error in _apply_min_tokens_penalty"): a request whose min_tokens
+    exceeds max_tokens reached the sampler and failed there; SamplingParams now refuses it
+    (and vllm-rs `MinTokensExceedsMaxTokens`). Here: it is sent."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        if sampling.min_tokens > max_tokens:
+            fired("hist_min_tokens_over_max_sent")
+            sampling = dataclasses.replace(sampling, min_tokens=max_tokens)
+        super().check_request(prompt, max_tokens, sampling)

@@ -56,8 +56,8 @@ Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
 T = TypeVar("T")
 
 __all__ = ["MAX_ABORT_BATCH", "MAX_ENDED", "DuplicateRequestId", "EngineDeadError",
-           "EngineState", "InconsistentResults", "PendingUtility", "ReferenceFrontendCore",
-           "RequestState", "Send", "UtilityFailed"]
+           "EngineState", "InconsistentResults", "InvalidRequest", "PendingUtility",
+           "ReferenceFrontendCore", "RequestState", "Send", "UtilityFailed"]
 
 
 class EngineDeadError(FrontendError):
@@ -66,6 +66,11 @@ class EngineDeadError(FrontendError):
 
 class DuplicateRequestId(FrontendError):
     """A client-chosen request id is already in flight; nothing was sent."""
+
+
+class InvalidRequest(FrontendError):
+    """A request no engine may be sent (empty prompt, prompt over max_model_len, min_tokens
+    above max_tokens); refused before its ADD, nothing was sent."""
 
 
 # Below this temperature vLLM treats a request as greedy (_SAMPLING_EPS, sampling_params.py).
@@ -91,6 +96,10 @@ class RequestState:
     # With stop strings: text of delivered tokens withheld until it can no longer be the
     # start of a stop string (vLLM's stop buffer), so no client ever sees a stop string.
     held_text: str = ""
+    # min_tokens: a stop string completing within the first min_tokens tokens is ignored;
+    # stop_floor is the text length at that token (a match must end beyond it).
+    min_tokens: int = 0
+    stop_floor: int = 0
     session: SessionState | None = None  # a streaming-input (resumable) request
     phase: Phase = Phase.OPEN  # the truth about the request; moved by the core's _advance
 
@@ -259,6 +268,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self._check_alive()
         if not self.registered:
             raise FrontendError("frontend is not serving yet")
+        self.check_request(prompt, max_tokens, sampling)
         rid = self.assign_request_id(request_id)
         extra_args, cache_salt = self.pass_through(params)
         embeds = self.input_tensor(params)
@@ -267,6 +277,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self.ended.pop(rid, None)  # a reused id names the new request from now on
         self.stopped.pop(rid, None)
         self.requests[rid] = RequestState(rid, rank, handle, tuple(stop or ()),
+                                          min_tokens=sampling.min_tokens,
                                           session=SessionState(sampling=sampling)
                                           if resumable else None)
         self.engines[rank].inflight += 1
@@ -276,6 +287,23 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             data_parallel_rank, prompt_embeds=embeds, client_index=self.client_index,
             current_wave=self.current_wave, resumable=resumable, external_req_id=rid)
         return handle, (self.engines[rank].identity, self.codec.encode_add(request))
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        """Refuse, before any ADD, what both 0.33.0 frontends refuse at submission: an
+        empty prompt (input_processor.py:565-566; Rust llm request.rs:74-79), a prompt
+        longer than the agreed max_model_len (input_processor.py:574-590; Rust
+        lower.rs:372-378), min_tokens above max_tokens (sampling_params.py:701-704; Rust
+        lower.rs:185-190)."""
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        limit = self.config.max_model_len
+        if limit is not None and len(prompt) > limit:
+            raise InvalidRequest(f"the prompt (length {len(prompt)}) is longer than "
+                                 f"max_model_len {limit}")
+        if sampling.min_tokens > max_tokens:
+            raise InvalidRequest(f"min_tokens {sampling.min_tokens} is above max_tokens "
+                                 f"{max_tokens}")
 
     def sampling_params(self, max_tokens: int, sampling: Sampling,
                         extra_args: dict[str, Any] | None = None) -> m.SamplingParams:
@@ -496,7 +524,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         tokens = output.new_token_ids
         for i, token in enumerate(tokens):
             state.held_text += self.token_text(output, i)
-            pos = self.stop_position(state)
+            pos = self.stop_position(state) if self.stop_checked(state, i) else -1
             if pos >= 0:
                 # Held text covers every possible match start, so pos >= len(handle.text).
                 text = (handle.text + state.held_text)[len(handle.text):pos]
@@ -509,6 +537,19 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             text, state.held_text = state.held_text[:cut], state.held_text[cut:]
             handle.add_tokens([token], text)
         return False
+
+    def stop_checked(self, state: RequestState, index: int) -> bool:
+        """Whether stop strings are checked at the chunk's token `index`: only from token
+        min_tokens + 1 on, and then only matches ending past the text of the first
+        min_tokens tokens (0.33.0 detokenizer.py:134-136, from PR #22014; Rust
+        decoded.rs:196)."""
+        count = len(state.handle.tokens) + 1  # this token's number in the stream
+        if count < state.min_tokens:
+            return False
+        if count == state.min_tokens:
+            state.stop_floor = len(state.handle.text) + len(state.held_text)
+            return False
+        return True
 
     def token_text(self, output: m.EngineCoreOutput, index: int) -> str:
         """The text the output's token at `index` adds to the stream: none for the last
@@ -537,13 +578,13 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         completes first, so it wins although it starts later."""
         text = state.handle.text + state.held_text
         found = [(pos + len(stop), i, pos) for i, stop in enumerate(state.stop)
-                 if (pos := self.find_stop(text, stop)) >= 0]
+                 if (pos := self.find_stop(text, stop, state.stop_floor)) >= 0]
         return min(found)[2] if found else -1
 
-    def find_stop(self, text: str, stop: str) -> int:
-        """Where one stop string first occurs in the text (so where it first completes),
-        else -1."""
-        return text.find(stop)
+    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
+        """Where one stop string first occurs in the text ending past `floor` (so where it
+        first completes there), else -1."""
+        return text.find(stop, max(0, floor - len(stop) + 1))
 
     def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
         """End the stream with 'stop' (later outputs are ignored) and, unless the engine
