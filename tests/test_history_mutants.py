@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 
 from harness.frontends import mutants_history as mh
-from harness.frontends.driver import FrontendError
+from harness.frontends.driver import FrontendError, Sampling
 from harness.frontends.mutants import HISTORY_MUTANTS, MUTANTS, RUNNABLE_MUTANTS
 from harness.frontends.reference.coordinator import CoordinatorCore, Publish, Signal
 from harness.frontends.reference.core import (
     DuplicateRequestId,
     EngineDeadError,
     InconsistentResults,
+    InvalidRequest,
     ReferenceFrontendCore,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
@@ -343,3 +344,34 @@ def test_session_abort_is_boundary(fired: list[str]) -> None:
         _output(core, handle.request_id, [100], F.ABORT)
         assert handle.ended is ended, cls.__name__
     assert fired == ["hist_session_abort_is_boundary"]
+
+
+# ----------------------------------------------------------------- round 3: request limits
+
+
+def test_stop_within_min_tokens(fired: list[str]) -> None:
+    for cls, text in ((ReferenceFrontendCore, " t21 t22 "), (mh.StopWithinMinTokens, " ")):
+        core = _ready(cls)
+        handle, _ = core.add_request([5], 10, stop=["t2"], sampling=Sampling(min_tokens=2))
+        assert handle.request_id is not None
+        for token in (21, 22, 23):
+            _output(core, handle.request_id, [token])
+        assert (handle.text, handle.finish_reason) == (text, "stop"), cls.__name__
+    assert fired and set(fired) == {"hist_stop_within_min_tokens"}
+
+
+@pytest.mark.parametrize(("cls", "name", "prompt", "max_tokens", "sampling"), [
+    (mh.EmptyPromptSent, "hist_empty_prompt_sent", [], 3, Sampling()),
+    (mh.PromptOverContextSent, "hist_prompt_over_context_sent", [5] * 1025, 3, Sampling()),
+    (mh.MinTokensOverMaxSent, "hist_min_tokens_over_max_sent", [5], 3,
+     Sampling(min_tokens=4)),
+])
+def test_invalid_requests_sent(fired: list[str], cls: type[ReferenceFrontendCore],
+                               name: str, prompt: list[int], max_tokens: int,
+                               sampling: Sampling) -> None:
+    with pytest.raises(InvalidRequest):
+        _ready().add_request(prompt, max_tokens, sampling=sampling)
+    _handle, (_identity, frames) = _ready(cls).add_request(prompt, max_tokens,
+                                                            sampling=sampling)
+    assert _add_of(frames).request_id
+    assert fired == [name]

@@ -414,6 +414,14 @@ MUTANTS: dict[str, Mutant] = _by_name([
     Mutant("stop_ids_not_among_all_stop", "the client's stop token ids left out of "
            "_all_stop_token_ids", mz.StopIdsNotAmongAllStop),
     Mutant("min_tokens_dropped", "min_tokens never reaches the ADD", mz.MinTokensDropped),
+    Mutant("stop_min_tokens_by_match_start", "with min_tokens, a stop string must start "
+           "after the first min_tokens tokens", mz.StopMinTokensByMatchStart),
+    Mutant("stop_min_tokens_off_by_one", "stop strings checked from token min_tokens, not "
+           "min_tokens + 1", mz.StopMinTokensOffByOne),
+    Mutant("prompt_limit_of_largest_engine", "a prompt checked against the largest "
+           "max_model_len, not the agreed minimum", mz.PromptLimitOfLargestEngine),
+    Mutant("min_tokens_equal_max_refused", "min_tokens equal to max_tokens refused",
+           mz.MinTokensEqualMaxRefused),
     Mutant("continuation_greedy", "continuations built greedy whatever the session asked",
            mz.ContinuationGreedy),
     Mutant("plain_adds_resumable", "every ADD marked resumable", mz.PlainAddsResumable),

@@ -20,16 +20,17 @@ from harness.wire import messages as m
 class StopFoundByTruthiness(ReferenceFrontendCore):
     """`if text.find(stop):` - a match at character 0 counts as 'not found'."""
 
-    def find_stop(self, text: str, stop: str) -> int:
-        pos = super().find_stop(text, stop)
+    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
+        pos = super().find_stop(text, stop, floor)
         return pos if pos > 0 else -1
 
 
 class StopFoundLast(ReferenceFrontendCore):
     """Truncates at the LAST occurrence of a stop string (rfind) instead of the first."""
 
-    def find_stop(self, text: str, stop: str) -> int:
-        return text.rfind(stop)
+    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
+        pos = text.rfind(stop)
+        return pos if pos + len(stop) > floor else -1
 
 
 class StopBufferOneShort(ReferenceFrontendCore):

@@ -15,7 +15,12 @@ import msgspec
 
 from harness.frontends.driver import GREEDY, Sampling, StreamHandle
 from harness.frontends.mutants_edges_d import AddRewritten
-from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.frontends.reference.core import (
+    InvalidRequest,
+    ReferenceFrontendCore,
+    RequestState,
+    Send,
+)
 from harness.vocab import EOS_TOKEN_ID, detokenize
 from harness.wire import WireCodec
 from harness.wire import messages as m
@@ -147,3 +152,49 @@ class ContinuationFirstMaxTokens(ReferenceFrontendCore):
                     resumable: bool) -> Send:
         first = self.first_max_tokens.get(rid, max_tokens) if resumable else max_tokens
         return super().session_add(rid, prompt, first, resumable=resumable)
+
+
+class StopMinTokensByMatchStart(ReferenceFrontendCore):
+    """min_tokens read as "a stop string must START after the first min_tokens tokens":
+    a match that begins inside them and completes later is missed (vLLM checks where the
+    match ENDS, detokenizer.py:136-139)."""
+
+    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
+        return text.find(stop, floor)
+
+
+class StopMinTokensOffByOne(ReferenceFrontendCore):
+    """Stop strings checked from token min_tokens on instead of min_tokens + 1 (`>=` for
+    `>`): the last token of the client's minimum can end the request."""
+
+    def stop_checked(self, state: RequestState, index: int) -> bool:
+        count = len(state.handle.tokens) + 1
+        if count + 1 == state.min_tokens:
+            state.stop_floor = len(state.handle.text) + len(state.held_text)
+        return count >= state.min_tokens
+
+
+class PromptLimitOfLargestEngine(ReferenceFrontendCore):
+    """A prompt's length checked against the largest max_model_len an engine reported,
+    not the agreed minimum: a prompt only the larger engines could hold is sent."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        largest = max((e.ready.max_model_len for e in self.engines.values()
+                       if e.ready is not None), default=None)
+        agreed, self.config.max_model_len = self.config.max_model_len, largest
+        try:
+            super().check_request(prompt, max_tokens, sampling)
+        finally:
+            self.config.max_model_len = agreed
+
+
+class MinTokensEqualMaxRefused(ReferenceFrontendCore):
+    """min_tokens equal to max_tokens refused as if it were above it (`>=` for `>`)."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        if sampling.min_tokens and sampling.min_tokens >= max_tokens:
+            raise InvalidRequest(f"min_tokens {sampling.min_tokens} not below max_tokens "
+                                 f"{max_tokens}")
+        super().check_request(prompt, max_tokens, sampling)

@@ -94,9 +94,9 @@ class StopStringPerChunk(ReferenceFrontendCore):
             self.__dict__["chunk_start"] = len(state.handle.text) + len(state.held_text)
         super().on_request_output(output)
 
-    def find_stop(self, text: str, stop: str) -> int:
+    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
         start: int = self.__dict__.get("chunk_start", 0)
-        return text.find(stop, start)
+        return text.find(stop, max(start, floor - len(stop) + 1))
 
 
 class StopTokensNotTrimmed(ReferenceFrontendCore):
