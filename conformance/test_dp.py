@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, requests_for
+from harness.casekit import UTILITY_GIVE_UP_S, hold, prompt, requests_for
 from harness.frontends.driver import Capability, FrontendError
 from harness.grounds import both, defect, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
@@ -259,13 +259,15 @@ async def never_answered(ctx: CaseContext) -> None:
         "reset_prefix_cache": UtilityReply(never=True)})]
     await ctx.start(scripts)
     try:
-        result = await asyncio.wait_for(ctx.driver.reset_prefix_cache(), ctx.t(15))
+        result = await asyncio.wait_for(ctx.driver.reset_prefix_cache(),
+                                        ctx.t(UTILITY_GIVE_UP_S))
         ctx.note(f"returned {result}")
     except FrontendError as exc:
         ctx.note(f"failed: {exc}")
     except asyncio.TimeoutError:
-        ctx.require(False, expected="an error or a value within 15 s",
-                    observed="the call was still pending after 15 s (no bound)")
+        ctx.require(False, expected=f"an error or a value within {UTILITY_GIVE_UP_S:g} s",
+                    observed=f"the call was still pending after {UTILITY_GIVE_UP_S:g} s "
+                             "(no bound)")
 
 
 @case("dp.utility.unsolicited_reply_ignored", Level.SHOULD,

@@ -16,7 +16,7 @@ from typing import Any
 
 from conformance.test_utility import CALL, LORA
 from harness.case_context import CaseContext
-from harness.casekit import same_value
+from harness.casekit import UTILITY_GIVE_UP_S, same_value
 from harness.frontends.driver import Capability, FrontendError
 from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
 from harness.verdicts import Level, case
@@ -326,7 +326,8 @@ for _n, _silent in ((2, 0), (3, 1)):
                 True, never=rank == silent)}) for rank in range(n)]
             await ctx.start(scripts)
             try:
-                value = await asyncio.wait_for(ctx.driver.reset_prefix_cache(), ctx.t(12))
+                value = await asyncio.wait_for(ctx.driver.reset_prefix_cache(),
+                                               ctx.t(UTILITY_GIVE_UP_S))
             except FrontendError as exc:
                 text = str(exc)
                 answered = [r for r in range(n) if r != silent and _names(text, r)]
@@ -334,8 +335,9 @@ for _n, _silent in ((2, 0), (3, 1)):
                             expected=f"an error naming engine {silent} only", observed=text)
                 return
             except asyncio.TimeoutError:
-                ctx.require(False, expected="an error within 12 s",
-                            observed="the call was still pending after 12 s (no bound)")
+                ctx.require(False, expected=f"an error within {UTILITY_GIVE_UP_S:g} s",
+                            observed=f"the call was still pending after "
+                                     f"{UTILITY_GIVE_UP_S:g} s (no bound)")
                 return
             ctx.require(False, expected=f"an error naming engine {silent}",
                         observed=f"answered {value!r}")

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from harness.case_context import CaseContext
 from mock_engines.script import Emit, Step, StepFactory, endless
 
+# How long a case waits for a utility call before grading it unbounded: twice the
+# reference frontend's own 3 s utility timeout (harness/frontends/reference/frontend.py:58),
+# so a frontend that bounds its calls answers well inside it (scaled by the timescale).
+UTILITY_GIVE_UP_S = 6.0
+
 
 def prompt(i: int) -> list[int]:
     """A distinct 3-token prompt per index (ids stay inside the tiny vocabulary)."""
