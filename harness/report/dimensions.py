@@ -29,7 +29,7 @@ DIMENSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("phase", ("before first output", "mid-stream", "after final output",
                "after engine death")),
     ("parameters", ("same for every request", "differ between requests",
-                    "differ between session segments")),
+                    "differ between session segments", "invalid (refused before any send)")),
     ("finish kind", ("stop-eos", "stop-token", "stop-string", "length", "abort (engine)",
                      "error", "repetition")),
 )
