@@ -389,6 +389,7 @@ def cmd_report() -> int:
                       f"suite: {again['seconds']} s (finished {again['finished']}). Every "
                       "other verdict is the full run's: the code of its function is "
                       "unchanged and cases were only added.", ""]
+    lines += _history_summary()
     lines += METHOD + _per_function_table(results, equivalent)
     lines += ["## Surviving mutants", "",
               "Every mutant no case killed: **equivalent** (no client can tell it from the "
@@ -411,6 +412,41 @@ def cmd_report() -> int:
     print(f"score {score:.1f} % ({detected}/{scored}; strict {strict:.1f} %); "
           f"{len(survivors)} survivors, {len(judged_equivalent)} equivalent -> {REPORT}")
     return 0
+
+
+HISTORY_BEFORE = ROOT / "fixtures" / "history-mutants.json"
+HISTORY_AFTER = ROOT / "fixtures" / "history-mutants-after.json"
+
+
+def _history_summary() -> list[str]:
+    """The unseen-bug check beside the score: bug classes from vLLM's own history as
+    mutants, caught before and after their cases (docs/mutation-history.md has the detail)."""
+    if not (HISTORY_BEFORE.exists() and HISTORY_AFTER.exists()):
+        return []
+    before = json.loads(HISTORY_BEFORE.read_text())["mutants"]
+    after = json.loads(HISTORY_AFTER.read_text())["mutants"]
+    names = [n for n in before if n in after]
+
+    def count(record: dict[str, Any], cls: str) -> int:
+        return sum(1 for n in names if record[n]["class"] == cls)
+
+    commits = sorted({after[n]["commit"] for n in names})
+    rows = [(label, count(before, cls), count(after, cls))
+            for label, cls in (("caught by a MUST case", "MUST"),
+                               ("caught only at SHOULD", "SHOULD only"),
+                               ("fired, not caught", "not caught"),
+                               ("never fired", "not fired"))]
+    must = count(after, "MUST")
+    return ["## Bug classes from vLLM's history", "",
+            f"The score measures the suite against mutants of our own code. The unseen-bug "
+            f"check: {len(names)} bug classes taken from vLLM's issues and pull requests, "
+            "each written as a mutant before the cases that catch it "
+            "(docs/mutation-history.md; fixtures/history-mutants.json before, "
+            f"fixtures/history-mutants-after.json after, commit {', '.join(commits)}): "
+            f"**{must} of {len(names)} caught by a MUST case after "
+            f"({100.0 * must / len(names):.1f} %)**, {rows[0][1]} before.", "",
+            "| | before | after |", "|---|---|---|",
+            *(f"| {label} | {b} | {a} |" for label, b, a in rows), ""]
 
 
 METHOD = [
