@@ -42,6 +42,8 @@ SLICE = [
     "streaming.stop_edge.held_text_released_on_engine_abort",
     "streaming.request_error.message_reaches_client_after_tokens_2_engines",
     "streaming.finished_requests.without_final_output_not_aborted_after_tokens",
+    "streaming.stop_min_tokens.spans_threshold",
+    "streaming.refused.prompt_over_max_model_len_2_engines",
     "abort.drop.single", "abort.drop.explicit_rank", "abort.burst.exactly_once",
     "abort.explicit.mix", "abort.explicit_list.stale_between_2_engines",
     "abort.after_end.stop_string_drop", "abort.phase.before_add_read",
