@@ -8,6 +8,8 @@
     scripts/mutation.py report   docs/mutation.md from the results in mutants/
     scripts/mutation.py sample   re-record fixtures/mutation/sample.json (for make test)
     scripts/mutation.py watchdog the wall-clock bound alone, beside a run started elsewhere
+    scripts/mutation.py audit    re-run a seeded sample of the last run's kills alone (a
+                                 kill that does not repeat makes the run's score suspect)
 
 mutmut (config: [tool.mutmut] in pyproject.toml) copies the project into mutants/, runs the
 suite once against `--frontend reference` to learn which case calls which function, then
@@ -198,12 +200,44 @@ def _mutmut(children: int, names: list[str]) -> tuple[int, dict[str, Any]]:
                              "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+AUDIT_SIZE = 12
+
+
+def audit_kills(size: int = AUDIT_SIZE) -> dict[str, Any]:
+    """Re-run a seeded sample of the mutants the run counted as killed, one at a time, each
+    against every case that reaches its function. A kill that does not repeat was a case
+    failing for another reason (on a loaded machine: a timing window missed), and then
+    every kill of the run is suspect: a run on 2 busy CPUs once scored 99.2 % where the same
+    mutants survive alone."""
+    import random
+    stats: dict[str, Any] = json.loads((ROOT / "mutants" / "mutmut-stats.json").read_text())
+    by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+    killed = [r.name for r in load_results() if r.status == "killed"]
+    sample = sorted(random.Random(20261127).sample(killed, min(size, len(killed))))
+    repeated, lost = 0, []
+    for name in sample:
+        tests = sorted(by_function.get(name.rpartition("__mutmut_")[0], []))
+        if _run_mutant_on(name, tests, 600.0) in KILLED | TIMEOUT:
+            repeated += 1
+        else:
+            lost.append(name)
+    print(f"kill audit: {repeated} of {len(sample)} sampled kills repeat", flush=True)
+    return {"sampled": len(sample), "repeated": repeated, "lost": lost}
+
+
 def cmd_run(children: int) -> int:
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     code, info = _mutmut(children, [])
+    if code == 0:
+        info["audit"] = audit_kills()
     RUN_INFO.write_text(json.dumps(info))
     if code != 0:
         return code
+    if info["audit"]["lost"]:
+        cmd_report()
+        print("kill audit failed: some kills did not repeat alone; the run is not a "
+              "score (re-run on a quiet machine)", file=sys.stderr)
+        return 3
     return cmd_report() or cmd_sample()
 
 
@@ -364,6 +398,13 @@ def cmd_report() -> int:
                   f"children on {info['cpus']} CPUs (finished {info['finished']}"
                   + (f", commit {info['commit']}" if info.get("commit") else "") + ")."
                   + (f" {info['note']}" if info.get("note") else ""), ""]
+        if info.get("audit"):
+            audit = info["audit"]
+            lines += [f"Kill audit: {audit['repeated']} of {audit['sampled']} kills, sampled "
+                      "with a fixed seed and re-run alone against every case reaching their "
+                      "function, repeat"
+                      + (f"; **not repeated: {', '.join(audit['lost'])}** (the run's kills "
+                         "are suspect)" if audit["lost"] else "") + ".", ""]
         for again in info.get("rechecks", []):
             if again.get("kind") == "changed functions":
                 lines += [f"Recheck (`scripts/mutation.py recheck-new --unchecked`) at commit "
@@ -532,7 +573,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "recheck", "recheck-new", "report", "sample",
-                                            "watchdog"])
+                                            "watchdog", "audit"])
     parser.add_argument("--children", type=int, default=4,
                         help="mutmut children (the cases wait on sockets and timers)")
     parser.add_argument("--unchecked", action="store_true",
@@ -545,6 +586,11 @@ def main() -> int:
         return cmd_recheck(args.children)
     if args.command == "recheck-new":
         return cmd_recheck_new(args.children, args.unchecked)
+    if args.command == "audit":  # the kill audit alone, for the last run (recorded)
+        info = json.loads(RUN_INFO.read_text())
+        info["audit"] = audit_kills()
+        RUN_INFO.write_text(json.dumps(info))
+        return 3 if info["audit"]["lost"] else cmd_report()
     if args.command == "watchdog":  # for a run started without this script's guard
         stopped = watchdog(threading.Event())
         print(f"watchdog: {len(stopped)} children stopped")
