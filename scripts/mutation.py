@@ -200,7 +200,7 @@ def _mutmut(children: int, names: list[str]) -> tuple[int, dict[str, Any]]:
                              "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
-AUDIT_SIZE = 12
+AUDIT_SIZE = 30
 
 
 def audit_kills(size: int = AUDIT_SIZE) -> dict[str, Any]:
