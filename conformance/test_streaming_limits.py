@@ -146,6 +146,16 @@ async def stop_min_tokens_spans_threshold(ctx: CaseContext) -> None:
                            aborted=True)
 
 
+@case("streaming.stop_min_tokens.spans_threshold_by_one_char", Level.MUST,
+      "A stop string completed by the first character after the first min_tokens tokens "
+      "counts (min_tokens 1, stop '1 ' over ' t21', ' t22': it ends one character into the "
+      "second token): text exactly ' t2', tokens [21, 22], 'stop', one ABORT.",
+      grounds=STOP_AFTER_MIN_TOKENS, needs=STOP_NEEDS)
+async def stop_min_tokens_spans_threshold_by_one_char(ctx: CaseContext) -> None:
+    await _min_tokens_stop(ctx, _T2_CHUNKED, "1 ", 1, " t2", [21, 22], "stop",
+                           aborted=True)
+
+
 @case("streaming.stop_min_tokens.never_reached", Level.MUST,
       "min_tokens 4 over a three-token stream whose every token completes stop 't2': no "
       "match counts, the engine's LENGTH ends it and the held-back text is released: text "
