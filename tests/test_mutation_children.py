@@ -1,6 +1,6 @@
 """mutmut runs several pytest sessions at once, each with the pyproject's one --report-dir
 ([tool.mutmut] pytest_add_cli_args). One run owns a report dir, so before
-harness.mutation.strict gave each run its own, every concurrent child was refused (exit 4)
+harness.mutation.children gave each run its own, every concurrent child was refused (exit 4)
 and mutmut counted it as a kill: a full run scored 99.2 % where mutants it "killed" (an ipc
 endpoint's arbitrary name) pass every covering case alone."""
 
