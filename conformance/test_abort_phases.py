@@ -420,6 +420,31 @@ async def drop_then_explicit(ctx: CaseContext) -> None:
     _check_exactly_once(ctx, group, owners)
 
 
+def _make_drop_twice(engines: int) -> None:
+    @case(f"abort.drop.same_stream_twice_zero_delay_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), live streams dropped twice with no pause in between "
+          "(each listed twice in one drop call, or dropped by two back-to-back calls, both "
+          "before any ABORT could go out) are each aborted exactly once, at their engine.",
+          grounds=ABORT_ONCE, needs=DROP)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start([EngineScript(rules=[any_request(hold())])
+                                 for _ in range(engines)])
+        handles, owners = await _open_streams(ctx, group, 4 * engines)
+        listed_twice, called_twice = handles[:2 * engines], handles[2 * engines:]
+        await ctx.driver.drop([h for h in listed_twice for _ in range(2)])
+        await ctx.driver.drop(called_twice)
+        await ctx.driver.drop(called_twice)
+        await _settle_aborts(ctx, group, owners)
+        _check_exactly_once(ctx, group, owners)
+
+    run.__name__ = run.__qualname__ = f"drop_same_stream_twice_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (1, 2):
+    _make_drop_twice(_n)
+
+
 UNEVEN = {1: [9], 2: [1, 6], 3: [4, 1, 2], 4: [2, 9, 1, 3]}  # streams per engine
 
 

@@ -40,6 +40,17 @@ HELLO_INIT_READY = both(
     rs(f"{TR}:483", "outputs: vec![output_address.to_string()],"),
     engine(f"{CORE}:1459", "return init_message.addresses"),
 )
+# With one engine there is no DP coordinator (Python runs one only for data_parallel_size
+# > 1; Rust names one only when it owns one): the INIT's coordinator addresses stay nil, and
+# an engine told of a coordinator would take itself for a DP rank that has one.
+NO_COORDINATOR_NAMED = both(
+    py("vllm/config/vllm.py:888", "return self.parallel_config.data_parallel_size > 1 and ("),
+    py(f"{UT}:1236", "vllm_config.needs_dp_coordinator and not offline_mode and dp_rank == 0"),
+    py(f"{UT}:1265", "if run_coordinator:"),
+    rs(f"{TR}:484", "coordinator_input: coordinator.map(|c| c.input_address.clone()),"),
+    rs(f"{TR}:485", "coordinator_output: coordinator.map(|c| c.output_address.clone()),"),
+    engine(f"{CORE}:1210", "self.has_coordinator = addresses.coordinator_output is not None"),
+)
 # Python's handshake wait is unbounded on purpose: weight loading sits between an engine's
 # INIT and its READY, and only local engine / coordinator process deaths end the wait.
 _PY_UNBOUNDED = (
@@ -125,6 +136,21 @@ for _n in (1, 2, 3):
 
         globals()[f"hello_init_ready_{n}"] = hello_init_ready
     _make_init()
+
+
+@case("handshake.mode.single_engine_init_names_no_coordinator", Level.MUST,
+      "With 1 engine doing HELLO / INIT / READY (no data parallelism, so no DP "
+      "coordinator), its INIT names no coordinator: coordinator_input and "
+      "coordinator_output are nil.",
+      grounds=NO_COORDINATOR_NAMED, needs=[Capability.GENERATE])
+async def single_engine_init_names_no_coordinator(ctx: CaseContext) -> None:
+    group = await ctx.start(1, handshake=True)
+    inits = _inits(group, 0)
+    ctx.require(len(inits) == 1, expected="one INIT", observed=f"{len(inits)} INIT(s)")
+    named = (inits[0].addresses.coordinator_input, inits[0].addresses.coordinator_output)
+    ctx.require(named == (None, None),
+                expected="coordinator_input and coordinator_output nil",
+                observed=f"coordinator_input {named[0]!r}, coordinator_output {named[1]!r}")
 
 
 async def _startup_refused(ctx: CaseContext, scripts: list[EngineScript],

@@ -70,6 +70,17 @@ PROMPT_OVER_CONTEXT_REFUSED = both(
     rs("rust/src/engine-core-client/src/client.rs:547",
        ".map(|engine| engine.ready_response.max_model_len as u32)"),
     note="vLLM PR #45035: an over-length prompt is a per-request refusal, never an ADD")
+# A prompt exactly max_model_len long leaves no room for the one token a generate request
+# must produce: Python refuses it after the over-length check, Rust before resolving
+# max_tokens (an ADD would be a request the engine can only cut at once).
+PROMPT_FILLS_CONTEXT_REFUSED = both(
+    py(f"{_IP}:593",
+       'elif prompt_len == max_prompt_len and model_config.runner_type == "generate":'),
+    py(f"{_IP}:600", 'f"requested output tokens (at least 1) is longer than the maximum "'),
+    rs(f"{_LOWER}:381",
+       "Ordering::Equal => return Err(Error::PromptFillsContext { max_model_len }),"),
+    rs("rust/src/engine-core-client/src/client.rs:547",
+       ".map(|engine| engine.ready_response.max_model_len as u32)"))
 MIN_TOKENS_OVER_MAX_REFUSED = both(
     py("vllm/sampling_params.py:701",
        "if self.max_tokens is not None and self.min_tokens > self.max_tokens:"),
@@ -77,6 +88,7 @@ MIN_TOKENS_OVER_MAX_REFUSED = both(
     rs(f"{_LOWER}:187", "return Err(Error::MinTokensExceedsMaxTokens {"),
     note="vLLM issue #4365: min_tokens above max_tokens failed in the engine's sampler")
 
+SERVED = (300, 301, 302)  # what a served request's scripted engine streams
 STOP_NEEDS = [Capability.GENERATE, Capability.STOP_STRINGS, Capability.SAMPLING]
 REFUSAL_NEEDS = [Capability.GENERATE]
 
@@ -201,12 +213,13 @@ async def _require_refused(ctx: CaseContext, engines: int, prompt_ids: Sequence[
 
 
 async def _require_served(ctx: CaseContext, prompt_ids: Sequence[int], max_tokens: int,
-                          what: str, sampling: Sampling | None = None) -> None:
+                          what: str, sampling: Sampling | None = None,
+                          tokens: Sequence[int] = SERVED) -> None:
     """The request is accepted, its ADD carries the prompt, it completes 'length'."""
     handle = await _submit(ctx, prompt_ids, max_tokens, sampling)
     ctx.require(handle is not None and handle.finish_reason == "length"
-                and handle.error is None and handle.tokens == [300, 301, 302],
-                expected=f"{what}: served, tokens [300, 301, 302], 'length'",
+                and handle.error is None and handle.tokens == list(tokens),
+                expected=f"{what}: served, tokens {list(tokens)}, 'length'",
                 observed=("refused" if handle is None else
                           f"finish {handle.finish_reason!r}, tokens {handle.tokens}, "
                           f"error {handle.error!r}"))
@@ -216,10 +229,11 @@ async def _require_served(ctx: CaseContext, prompt_ids: Sequence[int], max_token
 
 
 def _served_scripts(engines: int, *prompts: Sequence[int],
-                    max_model_len: Sequence[int] | None = None) -> list[EngineScript]:
+                    max_model_len: Sequence[int] | None = None,
+                    tokens: Sequence[int] = SERVED) -> list[EngineScript]:
     lens = max_model_len or [DEFAULT_MAX_MODEL_LEN] * engines
     return [EngineScript(ready=default_ready(rank, engines, max_model_len=lens[rank]),
-                         rules=[by_prompt(p, stream([300, 301, 302], 0.02)) for p in prompts])
+                         rules=[by_prompt(p, stream(list(tokens), 0.02)) for p in prompts])
             for rank in range(engines)]
 
 
@@ -256,9 +270,32 @@ def _over_context_case(engines: int) -> Callable[[CaseContext], Awaitable[None]]
     return check
 
 
+def _fills_context_case(engines: int) -> Callable[[CaseContext], Awaitable[None]]:
+    lens = [DEFAULT_MAX_MODEL_LEN] if engines == 1 else [DEFAULT_MAX_MODEL_LEN, 64]
+    limit = min(lens)
+    what = (f"max_model_len {limit}" if engines == 1 else
+            f"max_model_len {limit}, the minimum of the ready responses {lens}")
+
+    @case(f"streaming.refused.prompt_fills_max_model_len_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s) ({what}): a prompt of exactly {limit} tokens (no room "
+          "left for one output token) is refused at submission, no ADD reaches any engine; "
+          f"one of {limit - 1} tokens with max_tokens 1 is served.",
+          grounds=PROMPT_FILLS_CONTEXT_REFUSED, needs=REFUSAL_NEEDS)
+    async def check(ctx: CaseContext) -> None:
+        fits = [11, *([12] * (limit - 2))]
+        full = [11, *([13] * (limit - 1))]
+        await ctx.start(_served_scripts(engines, fits, full, max_model_len=lens, tokens=[300]))
+        await _require_refused(ctx, engines, full, 1,
+                               f"a prompt of {len(full)} tokens filling {what}")
+        await _require_served(ctx, fits, 1, f"a prompt of {len(fits)} tokens", tokens=[300])
+
+    check.__name__ = check.__qualname__ = f"refused_prompt_fills_max_model_len_{engines}"
+    return check
+
+
 for _n in (1, 2):
-    _fn = _over_context_case(_n)
-    globals()[_fn.__name__] = _fn
+    for _fn in (_over_context_case(_n), _fills_context_case(_n)):
+        globals()[_fn.__name__] = _fn
 del _fn
 
 

@@ -500,9 +500,9 @@ class PromptOverContextSent(ReferenceFrontendCore):
     def check_request(self, prompt: Sequence[int], max_tokens: int,
                       sampling: Sampling) -> None:
         limit = self.config.max_model_len
-        if limit is not None and len(prompt) > limit:
+        if limit is not None and len(prompt) >= limit:
             fired("hist_prompt_over_context_sent")
-            prompt = prompt[:limit]
+            prompt = prompt[:limit - 1]  # what the reference's own check then lets through
         super().check_request(prompt, max_tokens, sampling)
 
 

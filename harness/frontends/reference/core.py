@@ -292,15 +292,16 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
                       sampling: Sampling) -> None:
         """Refuse, before any ADD, what both 0.33.0 frontends refuse at submission: an
         empty prompt (input_processor.py:565-566; Rust llm request.rs:74-79), a prompt
-        longer than the agreed max_model_len (input_processor.py:574-590; Rust
-        lower.rs:372-378), min_tokens above max_tokens (sampling_params.py:701-704; Rust
-        lower.rs:185-190)."""
+        that leaves no room for one output token within the agreed max_model_len: longer
+        (input_processor.py:574-590; Rust lower.rs:372-378) or exactly as long
+        (input_processor.py:593-602; Rust lower.rs:381 PromptFillsContext), min_tokens
+        above max_tokens (sampling_params.py:701-704; Rust lower.rs:185-190)."""
         if not prompt:
             raise InvalidRequest("the prompt is empty")
         limit = self.config.max_model_len
-        if limit is not None and len(prompt) > limit:
-            raise InvalidRequest(f"the prompt (length {len(prompt)}) is longer than "
-                                 f"max_model_len {limit}")
+        if limit is not None and len(prompt) >= limit:
+            raise InvalidRequest(f"the prompt (length {len(prompt)}) leaves no room for an "
+                                 f"output token within max_model_len {limit}")
         if sampling.min_tokens > max_tokens:
             raise InvalidRequest(f"min_tokens {sampling.min_tokens} is above max_tokens "
                                  f"{max_tokens}")
