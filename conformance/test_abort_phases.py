@@ -12,7 +12,8 @@ the Rust client's stream.rs / imp.rs / state.rs).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 
 from conformance.test_abort import (
     _AL,
@@ -46,13 +47,16 @@ from harness.frontends.driver import (
 )
 from harness.grounds import both, py, rs
 from harness.verdicts import Level, case
+from harness.vocab import detokenize
 from harness.wire import AbortRequests, AddRequest
 from harness.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import (
+    Die,
     Emit,
     EngineScript,
     Finish,
+    FinishedOnly,
     Step,
     any_request,
     by_prompt,
@@ -443,6 +447,136 @@ def _make_drop_twice(engines: int) -> None:
 
 for _n in (1, 2):
     _make_drop_twice(_n)
+
+
+# ------------------------------------------------- a stop string with the engine racing on
+# The engine's next message can already be queued when the frontend matches a stop string in
+# one output: more outputs, its death, its retiring the request, its final output, each sent
+# with no delay. The ABORT the stop string owes must still go out while the engine runs
+# the request, and nothing the engine sends next may change the ended stream.
+
+# 200 one-token outputs with no delay, the last one completing the stop string: the engine
+# runs ahead of the frontend, so what it sends next is queued before the match is read.
+_STOP_TOKENS = list(range(100, 300))
+STOP_AT = "t299"  # only token 299's text holds it
+STOP_TEXT_SEEN = detokenize(_STOP_TOKENS[:-1]) + " "
+_STOP_STEPS: list[Step] = [Emit([t]) for t in _STOP_TOKENS]
+STOP_RACE_ENDS_ONCE = both(
+    *STOP_STRING.cites,
+    py(f"{_OP}:761", "# Ignore output for already-aborted request."),
+    rs("rust/src/engine-core-client/src/client/imp.rs:467",
+       '"dropping output for inactive request"'),
+)
+STOP_RACE_DEATH = both(
+    *STOP_RACE_ENDS_ONCE.cites,
+    py(f"{_CC}:587", "self.engine_dead = True"),
+    rs(f"{_IMP}:120", "if registry.is_closed() {"),
+)
+STOP_RACE_RETIRED = both(
+    *STOP_RACE_ENDS_ONCE.cites,
+    py(f"{_CC}:1823", "for req_id in outputs.finished_requests:"),
+    rs(f"{_IMP}:486", "drop(inner.finish_requests(finished_requests));"),
+)
+
+
+def _check_stopped(ctx: CaseContext, handle: StreamHandle) -> None:
+    ctx.require(handle.finish_reason == "stop" and handle.text == STOP_TEXT_SEEN
+                and handle.error is None,
+                expected=f"the stream ends 'stop' with text {STOP_TEXT_SEEN!r}, no error",
+                observed=f"{handle.finish_reason!r}, text {handle.text!r}, "
+                         f"error {handle.error!r}")
+
+
+async def _stopped_stream(ctx: CaseContext, steps: list[Step],
+                          others: Sequence[tuple[list[int], list[Step]]] = ()
+                          ) -> tuple[EngineGroup, StreamHandle, list[StreamHandle]]:
+    """One stream stopped at STOP_AT by zero-delay `steps`, started after `others` (each
+    streaming already); its stream and theirs."""
+    p = prompt(0)
+    rules = [by_prompt(p, steps), *(by_prompt(q, s) for q, s in others)]
+    group = await ctx.start([EngineScript(rules=rules)])
+    started = []
+    for q, _steps in others:
+        started.append(await ctx.driver.generate(q, 100_000))
+        await asyncio.wait_for(started[-1].first_output.wait(), ctx.t(3))
+    handle = await ctx.driver.generate(p, 1000, stop=[STOP_AT])
+    await handle.wait(ctx.t(3))
+    _check_stopped(ctx, handle)
+    return group, handle, started
+
+
+@case("abort.stop_string.zero_delay_outputs_still_aborted", Level.MUST,
+      "A stop string matched while the engine streams on with no delay (its next outputs "
+      "already queued behind the matching one) still aborts the request at its engine, "
+      "exactly once; the stream ends 'stop' with the text before the stop string.",
+      grounds=STOP_RACE_ENDS_ONCE, needs=[Capability.GENERATE, Capability.STOP_STRINGS])
+async def stop_string_zero_delay_outputs(ctx: CaseContext) -> None:
+    more: list[Step] = [Emit([300 + i % 500]) for i in range(300)]  # then open, no Finish
+    group, _handle, _ = await _stopped_stream(ctx, [*_STOP_STEPS, *more])
+    found = request_for(group, prompt(0))
+    ctx.require(found is not None, expected="an ADD", observed=None)
+    assert found is not None
+    await _wait_aborted(ctx, group, {found[1]})
+    await ctx.quiet(0.1)
+    _check_exactly_once(ctx, group, {found[1]: found[0]})
+
+
+@case("abort.stop_string.zero_delay_final_output_keeps_stop", Level.MUST,
+      "The engine's final output ('length') arriving with no delay after the output that "
+      "completed a stop string leaves the stream as the stop string ended it: 'stop', the "
+      "text before the stop string, no tokens after it; at most one ABORT.",
+      grounds=STOP_RACE_ENDS_ONCE, needs=[Capability.GENERATE, Capability.STOP_STRINGS])
+async def stop_string_zero_delay_final(ctx: CaseContext) -> None:
+    group, handle, _ = await _stopped_stream(
+        ctx, [*_STOP_STEPS, Emit([300]), Finish(m.FinishReason.LENGTH, [301])])
+    ctx.require(handle.tokens == _STOP_TOKENS,
+                expected="tokens 100 to 299", observed=handle.tokens[-3:])
+    await ctx.quiet(0.2)
+    aborted = group.transcript.aborted_ids()
+    ctx.require(len(aborted) <= 1, expected="at most one ABORT", observed=aborted)
+
+
+@case("abort.stop_string.zero_delay_engine_death_keeps_stop", Level.MUST,
+      "ENGINE_CORE_DEAD arriving with no delay after the output that completed a stop "
+      "string leaves that stream 'stop' with the text before the stop string; a request "
+      "after the death fails.",
+      grounds=STOP_RACE_DEATH,
+      needs=[Capability.GENERATE, Capability.STOP_STRINGS, Capability.ENGINE_DEATH])
+async def stop_string_zero_delay_death(ctx: CaseContext) -> None:
+    await _stopped_stream(ctx, [*_STOP_STEPS, Die()])
+    await ctx.quiet(0.2)
+    try:
+        later = await ctx.driver.generate(prompt(1), 2)
+        await later.wait(ctx.t(2))
+        ctx.require(later.finish_reason == "error" or later.error is not None,
+                    expected="a request after the death fails",
+                    observed=f"{later.finish_reason} {later.tokens}")
+    except FrontendError:
+        pass
+
+
+@case("abort.stop_string.zero_delay_retired_keeps_stop", Level.MUST,
+      "The engine retiring a request (finished_requests, no final output) with no delay "
+      "after the output that completed its stop string leaves the stream 'stop' with the "
+      "text before the stop string, at most one ABORT, and a neighbour stream serving on "
+      "until it is dropped.",
+      grounds=STOP_RACE_RETIRED, needs=[Capability.GENERATE, Capability.STOP_STRINGS,
+                                        Capability.DROP])
+async def stop_string_zero_delay_retired(ctx: CaseContext) -> None:
+    carrier: list[Step] = [Emit([400 + i % 400]) for i in range(3000)]  # carries the ids
+    group, _handle, (neighbour,) = await _stopped_stream(
+        ctx, [*_STOP_STEPS, FinishedOnly()], [(prompt(1), carrier)])
+    await ctx.quiet(0.2)
+    found = request_for(group, prompt(0))
+    ctx.require(found is not None, expected="an ADD", observed=None)
+    assert found is not None
+    aborted = [rid for rid in group.transcript.aborted_ids() if rid == found[1]]
+    ctx.require(len(aborted) <= 1, expected="at most one ABORT for the stopped request",
+                observed=aborted)
+    ctx.require(not neighbour.ended and neighbour.error is None,
+                expected="the neighbour stream still open",
+                observed=f"{neighbour.finish_reason!r}, error {neighbour.error!r}")
+    await ctx.driver.drop([neighbour])
 
 
 UNEVEN = {1: [9], 2: [1, 6], 3: [4, 1, 2], 4: [2, 9, 1, 3]}  # streams per engine

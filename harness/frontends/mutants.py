@@ -420,6 +420,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "min_tokens + 1", mz.StopMinTokensOffByOne),
     Mutant("prompt_limit_of_largest_engine", "a prompt checked against the largest "
            "max_model_len, not the agreed minimum", mz.PromptLimitOfLargestEngine),
+    Mutant("prompt_filling_context_sent", "a prompt exactly max_model_len long is sent "
+           "(no room left for one output token)", mz.PromptFillingContextSent),
     Mutant("min_tokens_equal_max_refused", "min_tokens equal to max_tokens refused",
            mz.MinTokensEqualMaxRefused),
     Mutant("continuation_greedy", "continuations built greedy whatever the session asked",

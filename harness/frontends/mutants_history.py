@@ -464,8 +464,8 @@ class StopWithinMinTokens(ReferenceFrontendCore):
     first min_tokens tokens ended the request early, shorter than the client's minimum.
     Here: stop strings are checked at every token, min_tokens ignored."""
 
-    def stop_checked(self, state: RequestState, index: int) -> bool:
-        checked = super().stop_checked(state, index)  # may set the floor
+    def stop_checked(self, state: RequestState) -> bool:
+        checked = super().stop_checked(state)  # may set the floor
         floor, state.stop_floor = state.stop_floor, 0
         found = self.stop_position(state)
         if found >= 0:

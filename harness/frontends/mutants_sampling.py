@@ -167,7 +167,7 @@ class StopMinTokensOffByOne(ReferenceFrontendCore):
     """Stop strings checked from token min_tokens on instead of min_tokens + 1 (`>=` for
     `>`): the last token of the client's minimum can end the request."""
 
-    def stop_checked(self, state: RequestState, index: int) -> bool:
+    def stop_checked(self, state: RequestState) -> bool:
         count = len(state.handle.tokens) + 1
         if count + 1 == state.min_tokens:
             state.stop_floor = len(state.handle.text) + len(state.held_text)
@@ -187,6 +187,18 @@ class PromptLimitOfLargestEngine(ReferenceFrontendCore):
             super().check_request(prompt, max_tokens, sampling)
         finally:
             self.config.max_model_len = agreed
+
+
+class PromptFillingContextSent(ReferenceFrontendCore):
+    """A prompt exactly max_model_len long sent (`>` for `>=`): it leaves no room for the
+    one token a generate request must produce (corewire's own reference had this bug)."""
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      sampling: Sampling) -> None:
+        limit = self.config.max_model_len
+        if limit is not None and len(prompt) == limit:
+            prompt = prompt[:-1]  # checked as if one token shorter
+        super().check_request(prompt, max_tokens, sampling)
 
 
 class MinTokensEqualMaxRefused(ReferenceFrontendCore):

@@ -525,7 +525,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         tokens = output.new_token_ids
         for i, token in enumerate(tokens):
             state.held_text += self.token_text(output, i)
-            pos = self.stop_position(state) if self.stop_checked(state, i) else -1
+            pos = self.stop_position(state) if self.stop_checked(state) else -1
             if pos >= 0:
                 # Held text covers every possible match start, so pos >= len(handle.text).
                 text = (handle.text + state.held_text)[len(handle.text):pos]
@@ -539,11 +539,11 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             handle.add_tokens([token], text)
         return False
 
-    def stop_checked(self, state: RequestState, index: int) -> bool:
-        """Whether stop strings are checked at the chunk's token `index`: only from token
-        min_tokens + 1 on, and then only matches ending past the text of the first
-        min_tokens tokens (0.33.0 detokenizer.py:134-136, from PR #22014; Rust
-        decoded.rs:196)."""
+    def stop_checked(self, state: RequestState) -> bool:
+        """Whether stop strings are checked at the stream's next token (the one just added
+        to the held text): only from token min_tokens + 1 on, and then only matches ending
+        past the text of the first min_tokens tokens (0.33.0 detokenizer.py:134-136, from
+        PR #22014; Rust decoded.rs:196)."""
         count = len(state.handle.tokens) + 1  # this token's number in the stream
         if count < state.min_tokens:
             return False
