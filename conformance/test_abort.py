@@ -8,11 +8,12 @@ stream), so it is graded SHOULD.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from harness.case_context import CaseContext
 from harness.casekit import hold, prompt, request_for, requests_for, trickle
-from harness.frontends.driver import Capability, StreamHandle
+from harness.frontends.driver import Capability, FrontendError, StreamHandle
 from harness.grounds import both, differ, engine, py, rs
 from harness.verdicts import Level, case
 from mock_engines.group import EngineGroup
@@ -367,6 +368,31 @@ async def dead_no_abort(ctx: CaseContext) -> None:
     ctx.require(not ids, expected="no ABORT after engine death", observed=ids)
 
 
+@case("abort.dead_engine.explicit_no_abort", Level.MUST,
+      "After ENGINE_CORE_DEAD ended the streams, an explicit abort of their ids sends no "
+      "ABORT and returns (or fails) within 2 s instead of hanging.",
+      grounds=both(
+          py(f"{_CC}:1875", "if not request_ids or self.resources.engine_dead:"),
+          rs(f"{_IMP}:218", "let request_senders = self.request_reg.lock().close();"),
+          rs("rust/src/engine-core-client/src/client.rs:687",
+             "let abortable = self.inner.abortable_request_ids(ids)?;"),
+      ),
+      needs=[*ABORT, Capability.ENGINE_DEATH])
+async def dead_explicit_no_abort(ctx: CaseContext) -> None:
+    group = await ctx.start(_holding())
+    handles, owners = await _open_streams(ctx, group, 2)
+    group[0].send_dead()
+    await ctx.wait_until(lambda: all(h.ended for h in handles), 3)
+    try:
+        await asyncio.wait_for(ctx.driver.abort(list(owners)), ctx.t(2))
+    except FrontendError as exc:
+        ctx.note(f"abort after death refused: {exc}")
+    except TimeoutError:
+        ctx.require(False, expected="the abort returns or fails within 2 s",
+                    observed="still waiting after 2 s")
+    await ctx.quiet(0.3)
+    ids = group.transcript.aborted_ids()
+    ctx.require(not ids, expected="no ABORT after engine death", observed=ids)
 
 
 # abort.burst.shares_frame: a batching abort loop sends whatever queued up while it was away

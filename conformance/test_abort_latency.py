@@ -20,6 +20,7 @@ from mock_engines.script import EngineScript, any_request
 # ----------------------------------------------------------------- abort latency
 
 PROMPT_BOUND = 0.5  # seconds (scaled): vLLM's clients abort at once, not on a timer
+DONE = {"drop": "dropped", "abort": "explicitly aborted"}
 
 _IMP = "rust/src/engine-core-client/src/client/imp.rs"
 
@@ -37,13 +38,27 @@ PROMPT_ABORT = both(
     engine("vllm/v1/engine/core.py:2036", "self.aborts_queue.put_nowait(request)"),
 )
 
+# An explicit abort is sent within the call: Python awaits it in AsyncLLM.abort, Rust's
+# abort_requests awaits each engine's frame after ending the streams locally.
+PROMPT_EXPLICIT_ABORT = both(
+    py("vllm/v1/engine/async_llm.py:955",
+       "all_request_ids = self.output_processor.abort_requests(request_ids, internal)"),
+    py("vllm/v1/engine/async_llm.py:956",
+       "await self.engine_core.abort_requests_async(all_request_ids)"),
+    rs("rust/src/engine-core-client/src/client.rs:699",
+       "for (engine_id, request_ids) in abortable {"),
+    rs("rust/src/engine-core-client/src/client.rs:700",
+       "self.inner.do_abort_requests(&engine_id, &request_ids).await?;"),
+    engine("vllm/v1/engine/core.py:2036", "self.aborts_queue.put_nowait(request)"),
+)
+
 
 def _make_prompt_abort(how: str, engines: int) -> None:
     @case(f"abort.{how}.reaches_engine_promptly_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s), each of three streams {how}ped one after another (the "
+          f"With {engines} engine(s), each of three streams {DONE[how]} one after another (the "
           f"next once the previous ABORT arrived) has its ABORT at its engine within "
           f"{PROMPT_BOUND} s: an engine keeps generating for nobody until it arrives.",
-          grounds=PROMPT_ABORT,
+          grounds=PROMPT_ABORT if how == "drop" else PROMPT_EXPLICIT_ABORT,
           needs=[Capability.GENERATE,
                  Capability.DROP if how == "drop" else Capability.ABORT])
     async def run(ctx: CaseContext) -> None:
@@ -82,4 +97,5 @@ def _make_prompt_abort(how: str, engines: int) -> None:
 
 
 for _n in (1, 2):
-    _make_prompt_abort("drop", _n)
+    for _how in ("drop", "abort"):
+        _make_prompt_abort(_how, _n)

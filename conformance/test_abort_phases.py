@@ -13,6 +13,7 @@ the Rust client's stream.rs / imp.rs / state.rs).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from conformance.test_abort import (
@@ -45,7 +46,7 @@ from harness.frontends.driver import (
     StreamHandle,
     UnsupportedOperation,
 )
-from harness.grounds import both, py, rs
+from harness.grounds import both, engine, py, rs
 from harness.verdicts import Level, case
 from harness.vocab import detokenize
 from harness.wire import AbortRequests, AddRequest
@@ -167,16 +168,16 @@ def _check_add_before_abort(ctx: CaseContext, group: EngineGroup) -> None:
       grounds=ADD_BEFORE_ABORT, needs=DROP)
 async def before_add_read(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
-    for engine in group.engines:
-        engine.stop_reading()
+    for mock in group.engines:
+        mock.stop_reading()
     await ctx.quiet(0.1)
     prompts = [prompt(i) for i in range(4)]
     handles = [await ctx.driver.generate(p, 100) for p in prompts]
     await ctx.quiet(0.1)
     await ctx.driver.drop(handles)
     await ctx.quiet(0.3)
-    for engine in group.engines:
-        engine.resume_reading()
+    for mock in group.engines:
+        mock.resume_reading()
     await ctx.wait_until(lambda: requests_for(group, prompts) is not None, 3)
     owners = {req.request_id: rank for rank in range(len(group))
               for req in group.transcript.adds(rank)}
@@ -577,6 +578,68 @@ async def stop_string_zero_delay_retired(ctx: CaseContext) -> None:
                 expected="the neighbour stream still open",
                 observed=f"{neighbour.finish_reason!r}, error {neighbour.error!r}")
     await ctx.driver.drop([neighbour])
+
+
+# The engine's final output and the client's abort (or drop) of the same stream in the same
+# few milliseconds: whichever the frontend sees first ends the stream, the other is a no-op.
+RACE_ENDS_ONCE = both(
+    py(f"{_OP}:633", "req_state = self.request_states.pop(request_id, None)"),
+    py(f"{_OP}:919", "self.request_states.pop(req_id)"),
+    rs(f"{_STATE}:253", "match self.remove(output.request_id.as_str()) {"),
+    rs(f"{_IMP}:390", 'debug!(request_id, "skip auto-abort for inactive request");'),
+    engine("vllm/v1/core/sched/scheduler.py:2994",
+           "if request is None or request.is_finished():"),
+)
+RACE_STREAMS = 12
+RACE_FINISH_AFTER = 0.15  # s after the first token; stream i finishes i ms later
+
+
+@case("abort.race.final_output_meets_abort", Level.MUST,
+      f"With 2 engines, {RACE_STREAMS} streams whose final 'length' output is due within a "
+      "few milliseconds of each other are aborted (half explicitly, half dropped) in that "
+      "very window: each stream ends once, 'length' with both tokens or 'abort', never an "
+      "error; each id is aborted at most once and only at its engine; later requests are "
+      "served.",
+      grounds=RACE_ENDS_ONCE, needs=[*ABORT, Capability.DROP])
+async def race_final_output_meets_abort(ctx: CaseContext) -> None:
+    prompts = [prompt(i) for i in range(RACE_STREAMS)]
+    rules = [by_prompt(p, [Emit([100]), Finish(m.FinishReason.LENGTH, [101],
+                                               delay=RACE_FINISH_AFTER + i / 1000)])
+             for i, p in enumerate(prompts)]
+    group = await ctx.start([EngineScript(rules=rules) for _ in range(2)])
+    handles = [await ctx.driver.generate(p, 2) for p in prompts]
+    for h in handles:
+        await h.wait_first(ctx.t(3))
+    owners = requests_for(group, prompts) or {}
+    ctx.require(len(owners) == RACE_STREAMS, expected=f"{RACE_STREAMS} ADDs",
+                observed=len(owners))
+    ids = [request_for(group, p) for p in prompts]
+    await asyncio.sleep(RACE_FINISH_AFTER + RACE_STREAMS / 2000)  # unscaled: the window
+    half = RACE_STREAMS // 2
+    await ctx.driver.abort([found[1] for found in ids[:half] if found is not None])
+    await ctx.driver.drop(handles[half:])
+    for h in handles:
+        await h.wait(ctx.t(3))
+    ends = [(h.finish_reason, h.tokens, h.error) for h in handles]
+    wrong = [e for e in ends if not (e[0] == "length" and e[1] == [100, 101] or
+                                     e[0] == "abort") or e[2] is not None]
+    ctx.note(f"{sum(e[0] == 'length' for e in ends)} ended 'length', "
+             f"{sum(e[0] == 'abort' for e in ends)} 'abort'")
+    ctx.require(not wrong, expected="each stream 'length' with [100, 101] or 'abort', no error",
+                observed=wrong[:3])
+    await ctx.quiet(0.2)
+    frames = group.transcript.abort_frames()
+    seen = Counter(rid for r in frames for rid in r.message.request_ids)
+    ctx.require(all(n == 1 for n in seen.values()), expected="each id aborted at most once",
+                observed={rid: n for rid, n in seen.items() if n > 1})
+    misplaced = [(rid, r.rank) for r in frames for rid in r.message.request_ids
+                 if owners.get(rid) != r.rank]
+    ctx.require(not misplaced, expected="each ABORT at the id's own engine",
+                observed=misplaced[:3])
+    later = await ctx.driver.generate(prompt(RACE_STREAMS), 2)
+    await later.wait(ctx.t(3))
+    ctx.require(later.finish_reason == "length", expected="a later request served",
+                observed=f"{later.finish_reason} error={later.error}")
 
 
 UNEVEN = {1: [9], 2: [1, 6], 3: [4, 1, 2], 4: [2, 9, 1, 3]}  # streams per engine
