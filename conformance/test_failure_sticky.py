@@ -191,6 +191,20 @@ for _n in (1, 2, 3, 4):
     _make_dead_case(_n)
 
 
+@case("failure.sticky.engine_dead_from_every_engine_2_engines", Level.MUST,
+      "With 2 engines both sending ENGINE_CORE_DEAD (a DP deployment going down sends one "
+      "per engine), every open stream ends once with an error, the second sentinel is no "
+      "new failure for the client, and every later call fails within 2 s.",
+      grounds=DEAD_STICKS, needs=[*STICKY, Capability.ENGINE_DEATH])
+async def sticky_dead_from_every_engine(ctx: CaseContext) -> None:
+    engs, handles = await _open_holding(ctx, 2)
+    for mock in engs:
+        mock.send_dead()
+    await _require_streams_failed(ctx, handles)
+    await ctx.quiet(0.1)  # the second sentinel, whichever came last, is read by now
+    await _require_later_calls_fail(ctx)
+
+
 @case("failure.sticky.garbage_fails_pending_utility", Level.MUST,
       "A utility call still waiting for an engine's reply fails promptly (within 1 s) when "
       "another engine's output message cannot be decoded.",

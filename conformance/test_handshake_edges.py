@@ -43,6 +43,16 @@ READY_BEFORE_HELLO = both(
     rs(f"{TR}:234", "received READY for unexpected or duplicate engine id {engine_id:?}"),
     engine(f"{CORE}:1378", '"status": "READY",'),
 )
+# A second READY from one engine: Python takes READY only in state CONNECTED (the engine is
+# in READY by then), Rust only for an engine whose INIT is still unanswered.
+DUPLICATE_READY = both(
+    py(f"{UT}:1552", 'elif status == "READY" and engine.state == CoreEngineState.CONNECTED:'),
+    py(f"{UT}:1586", 'f"Unexpected {status} message for "'),
+    py(f"{UT}:1588", 'f"{eng_index} in {engine.state} state."'),
+    rs(f"{TR}:230", "let state = match engines.get_mut(&engine_id) {"),
+    rs(f"{TR}:234", "received READY for unexpected or duplicate engine id {engine_id:?}"),
+    engine(f"{CORE}:1378", '"status": "READY",'),
+)
 UNDECODABLE_HELLO = both(
     py(f"{UT}:1492", "msg = msgspec.msgpack.decode(ready_msg_bytes)"),
     rs(f"{TR}:467", "let handshake_message: ReadyMessage = decode_msgpack(&frames[1])?;"),
@@ -139,6 +149,26 @@ for _n, _bad in ((1, 0), (2, 1), (3, 0)):
         globals()[f"duplicate_hello_{n}"] = duplicate_hello
         globals()[f"ready_first_{n}"] = ready_first
     _make_order()
+
+
+def _make_duplicate_ready(n: int, bad: int) -> None:
+    @case(f"handshake.edges.duplicate_ready_refused_{n}_engines", Level.MUST,
+          f"With {n} engine(s), engine {bad} sending its READY twice while the others' "
+          f"are still to come makes startup fail promptly with an error naming engine "
+          f"{bad} (a READY is taken once, from an engine that sent HELLO and got INIT).",
+          grounds=DUPLICATE_READY, timeout=25)
+    async def duplicate_ready(ctx: CaseContext) -> None:
+        scripts = [EngineScript(handshake_ready_repeats=2) if rank == bad
+                   else EngineScript(ready_delay=1.0) for rank in range(n)]
+        text = await _refused(ctx, scripts, 6, within=3)
+        ctx.require(names_engine(text, bad), expected=f"an error naming engine {bad}",
+                    observed=text)
+
+    globals()[f"duplicate_ready_{n}"] = duplicate_ready
+
+
+for _n, _bad in ((2, 1), (3, 0)):  # one engine alone: its first READY ends the handshake
+    _make_duplicate_ready(_n, _bad)
 
 
 # ---------------------------------------------------------------- undecodable handshake

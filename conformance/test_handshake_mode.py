@@ -104,7 +104,7 @@ def _inits(group: EngineGroup, rank: int) -> list[m.EngineHandshakeMetadata]:
             if isinstance(r.message, m.EngineHandshakeMetadata)]
 
 
-for _n in (1, 2, 3):
+for _n in (1, 2, 3, 4):
     def _make_init(n: int = _n) -> None:
         @case(f"handshake.mode.hello_init_ready_{n}_engines", Level.MUST,
               f"With {n} engine(s) doing HELLO / INIT / READY, each gets exactly one INIT "

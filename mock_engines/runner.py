@@ -233,9 +233,10 @@ class EngineRunner:
         ready = self.core.codec.encode_handshake_ready(
             self.connection.local, self.connection.headless,
             parallel_config_hash=self.core.script.parallel_config_hash)
-        self._hs.send(ready)
-        self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out",
-                                           "handshake", (ready,), None, None, "READY"))
+        for _ in range(self.core.script.handshake_ready_repeats):
+            self._hs.send(ready)
+            self.core.transcript.append(Record(time.monotonic(), self.core.rank, "out",
+                                               "handshake", (ready,), None, None, "READY"))
 
     def _handshake_sock_close(self) -> None:
         if self._hs is not None:

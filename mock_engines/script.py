@@ -220,6 +220,8 @@ class EngineScript:
     ready_repeats: int = 1
     # Handshake mode: False never sends the handshake READY (after HELLO, INIT, registration).
     handshake_ready: bool = True
+    # Handshake mode: the READY sent this many times back to back (a duplicate READY).
+    handshake_ready_repeats: int = 1
     # Handshake mode: False never connects to the handshake socket at all (no HELLO, not
     # even a connection; compare hello_repeats=0: connected, silent).
     hello: bool = True
