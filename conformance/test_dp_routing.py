@@ -351,6 +351,32 @@ async def least_loaded_burst(ctx: CaseContext) -> None:
                 observed=f"at engine {found[0] if found else None}")
 
 
+@case("dp.routing.least_loaded_4_engines_two_idle", Level.MUST,
+      "With 4 engines holding 2, 1, 0 and 0 requests in flight (pinned), two unpinned "
+      "requests sent back to back (no output or coordinator update in between) go one to "
+      "engine 2 and one to engine 3, none to engines 0 and 1.",
+      grounds=both(
+          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
+          _PY_INFLIGHT,
+          rs(f"{RS}:97", "self.inflight += 1;"),
+          rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
+          _RS_SCORE,
+      ), needs=PINNED)
+async def least_loaded_two_idle(ctx: CaseContext) -> None:
+    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(4)])
+    for i, rank in enumerate((0, 0, 1)):
+        await ctx.driver.generate(prompt(620 + i), 50, data_parallel_rank=rank)
+    unpinned = [prompt(690), prompt(691)]
+    handles = [await ctx.driver.generate(p, 50) for p in unpinned]
+    for h in handles:
+        await h.wait_first(ctx.t(3))
+    ranks = sorted(found[0] if (found := request_for(group, p)) else -1 for p in unpinned)
+    ctx.require(ranks == [2, 3],
+                expected="one unpinned request at engine 2 and one at engine 3 (in flight: "
+                         "2, 1, 0, 0)",
+                observed=f"at engines {ranks}")
+
+
 @case("dp.routing.burst_even_despite_stale_snapshot", Level.MUST,
       "With 2 requests pinned to engine 0 still in flight, a stale all-idle coordinator "
       "snapshot does not erase them: the 6 unpinned requests sent next go 2 to each of "

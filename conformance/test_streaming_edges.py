@@ -24,6 +24,7 @@ from harness.sessionkit import (
     segment_prompt,
     segment_tokens,
     session_adds,
+    session_id,
 )
 from harness.verdicts import Level, case
 from harness.wire import messages as m
@@ -585,6 +586,59 @@ async def close_with_two_segments_in_flight(ctx: CaseContext) -> None:
     await ctx.quiet(0.2)
     ctx.require(not group.transcript.aborted_ids(), expected="no ABORT",
                 observed=f"ABORTs {group.transcript.aborted_ids()}")
+
+
+# A session's ADDs leave in the order the client made them, even with no pause between the
+# calls: an engine takes an ADD with an id it does not hold as a new request, so a
+# continuation that overtook the first ADD would open the wrong session.
+SESSION_ADD_ORDER = only(
+    py("vllm/v1/engine/async_llm.py:642", "async for input_chunk in input_stream:"),
+    py("vllm/v1/engine/async_llm.py:671",
+       "await self._add_request(req, prompt_text, None, 0, queue)"),
+    py("vllm/v1/engine/async_llm.py:688",
+       "await self._add_request(final_req, None, None, 0, queue)"),
+    _RS_NO_SESSIONS,
+    engine("vllm/v1/core/sched/scheduler.py:2946", "if request.resumable:"),
+    note=_NO_RS + "python sends a session's chunks from one task, awaiting each ADD in turn; "
+    "an ADD reordered ahead of the session's first opens a session under the wrong prompt")
+
+
+def _make_continuation_zero_delay(engines: int) -> None:
+    @case(f"streaming.resumable.continuation_zero_delay_{engines}_engines", Level.MUST,
+          f"With {engines} engine(s), open_session, then continue_session and close_session "
+          "each the instant the previous call returns: the engine holding the session gets "
+          "the first segment (resumable), the continuation (resumable) and the close (not "
+          "resumable) in that order under one id, and the stream ends after the second "
+          "segment's tokens.",
+          grounds=SESSION_ADD_ORDER, needs=SESSION_NEEDS)
+    async def run(ctx: CaseContext) -> None:
+        group = await ctx.start(scripts(engines, 1, 2))
+        handle = await ctx.driver.open_session(segment_prompt(0, 0), 2)
+        await ctx.driver.continue_session(handle, segment_prompt(0, 1), 2)
+        await ctx.driver.close_session(handle)
+        await ctx.wait_until(lambda: handle.ended, 3)
+        rid = session_id(group, segment_prompt(0, 0))
+        adds = session_adds(group, rid) if rid is not None else []
+        seen = [(a.rank, (a.request.prompt_token_ids or [])[:1], a.request.resumable)
+                for a in adds]
+        owner = adds[0].rank if adds else None
+        want = [(owner, segment_prompt(0, 0)[:1], True), (owner, segment_prompt(0, 1)[:1], True)]
+        ctx.require(seen[:2] == want and len(seen) == 3 and seen[2][0] == owner
+                    and seen[2][2] is False,
+                    expected="first (resumable), continuation (resumable), close (not "
+                             "resumable), in that order, at one engine",
+                    observed=f"(rank, first prompt id, resumable): {seen}")
+        ctx.require(handle.finish_reason == "length" and handle.tokens[-2:] == segment_tokens(1),
+                    expected=f"the stream ends 'length' after {segment_tokens(1)}",
+                    observed=f"{handle.finish_reason} error={handle.error} "
+                             f"tokens={handle.tokens}")
+
+    run.__name__ = run.__qualname__ = f"continuation_zero_delay_{engines}"
+    globals()[run.__name__] = run
+
+
+for _n in (1, 2):
+    _make_continuation_zero_delay(_n)
 
 
 def _make_continuation_rejected(target: str) -> None:
