@@ -285,6 +285,18 @@ async def _stamped_wave(ctx: CaseContext, group: EngineGroup, seed: int, rank: i
                  if r.prompt_token_ids == p), None)
 
 
+async def _probe_wave(ctx: CaseContext, group: EngineGroup, want: int, seed: int
+                      ) -> list[int | None]:
+    """current_wave on successive ADDs (engine 0), until `want` is stamped (bounded)."""
+    seen: list[int | None] = []
+    deadline = time.monotonic() + ctx.t(2)
+    while not seen or (seen[-1] != want and time.monotonic() < deadline):
+        if seen:
+            await ctx.quiet(0.02)
+        seen.append(await _stamped_wave(ctx, group, seed + len(seen), 0))
+    return seen
+
+
 for _n, _stale in ((2, 1), (3, 2)):
     def _make_stale(n: int = _n, stale: int = _stale) -> None:
         @case(f"dp.coordinator.stale_start_wave_ignored_{n}_engines", Level.MUST,
@@ -300,13 +312,7 @@ for _n, _stale in ((2, 1), (3, 2)):
             ctx.require(started, expected="START_DP_WAVE (0, 0) at every engine",
                         observed=_all_waves(group))
             group[0].wave_complete(0)
-            # Probe (bounded) until the frontend stamps wave 1: wave_complete(0) was taken.
-            seen: list[int | None] = []
-            deadline = time.monotonic() + ctx.t(2)
-            while not seen or (seen[-1] != 1 and time.monotonic() < deadline):
-                if seen:
-                    await ctx.quiet(0.02)
-                seen.append(await _stamped_wave(ctx, group, 50 + len(seen), 0))
+            seen = await _probe_wave(ctx, group, 1, 50)  # wave_complete(0) was taken
             ctx.require(seen[-1] == 1, expected="ADDs carry current_wave 1 after "
                                                 "wave_complete(0) (precondition)",
                         observed=f"current_wave on successive ADDs: {seen}")
@@ -328,3 +334,46 @@ for _n, _stale in ((2, 1), (3, 2)):
 
         globals()[f"stale_start_wave_{n}"] = stale_start_wave
     _make_stale()
+
+
+for _n in (2, 3):
+    def _make_stale_complete(n: int = _n) -> None:
+        last = n - 1
+
+        @case(f"dp.coordinator.stale_wave_complete_ignored_{n}_engines", Level.MUST,
+              f"With {n} engines, once wave_complete(0) and wave_complete(1) moved the "
+              f"coordinator to wave 2, a late wave_complete(0) from engine {last} changes "
+              "nothing: the next ADD still carries current_wave 2, and engine "
+              f"{last}'s start_wave(2) afterwards is the only START_DP_WAVE after (1, 0).",
+              grounds=STALE, needs=GEN)
+        async def stale_wave_complete(ctx: CaseContext) -> None:
+            group = await ctx.start(n, coordinated=True)
+            for wave in (0, 1):
+                group[0].start_wave(wave)
+                started = await _rebroadcast_seen(ctx, group, (wave, 0))
+                ctx.require(started, expected=f"START_DP_WAVE ({wave}, 0) at every engine",
+                            observed=_all_waves(group))
+                group[0].wave_complete(wave)
+                seen = await _probe_wave(ctx, group, wave + 1, 300 + 20 * wave)
+                ctx.require(seen[-1] == wave + 1,
+                            expected=f"ADDs carry current_wave {wave + 1} after "
+                                     f"wave_complete({wave}) (precondition)",
+                            observed=f"current_wave on successive ADDs: {seen}")
+            group[last].wave_complete(0)  # stale: wave 0 ended long ago
+            await ctx.wait_until(lambda: any(len(_waves(group, e.rank)) > 2
+                                             for e in group.engines), 0.5)
+            after = await _stamped_wave(ctx, group, 390, last)
+            group[last].start_wave(2)  # a barrier behind the stale message
+            barrier = await _rebroadcast_seen(ctx, group, (2, last))
+            waves = _all_waves(group)
+            ctx.require(barrier and all(v == [(0, 0), (1, 0), (2, last)]
+                                        for v in waves.values()),
+                        expected=f"START_DP_WAVE (0, 0), (1, 0), then (2, {last}) only, at "
+                                 "every engine: nothing for the stale wave_complete(0)",
+                        observed=waves)
+            ctx.require(after == 2, expected="the ADD after the stale wave_complete(0) "
+                                             "carries current_wave 2",
+                        observed=f"current_wave {after}")
+
+        globals()[f"stale_wave_complete_{n}"] = stale_wave_complete
+    _make_stale_complete()

@@ -238,6 +238,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "rebroadcast again", mc.DuplicateStartWaveRebroadcast),
     Mutant("coordinator_wave_not_advanced", "wave_complete(w) leaves the wave at w",
            mc.WaveCompleteNotAdvanced),
+    Mutant("coordinator_stale_wave_complete_rewinds", "a stale wave_complete(w) moves the "
+           "wave back to w + 1", mc.StaleWaveCompleteRewinds),
     Mutant("coordinator_stats_only_fatal", "a stats-only coordinator message kills the "
            "coordinator", mc.StatsOnlyFatal),
     Mutant("coordinator_frontend_starts_wave", "a request sent while paused makes the "

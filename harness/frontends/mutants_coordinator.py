@@ -76,6 +76,16 @@ class WaveCompleteNotAdvanced(ReferenceFrontendCore):
     coordinator_class = _WaveNotAdvancedCoordinator
 
 
+class _UnguardedCompleteCoordinator(CoordinatorCore):
+    transitions = _replace(Signal.WAVE_COMPLETE, guard=lambda s, w: True)
+
+
+class StaleWaveCompleteRewinds(ReferenceFrontendCore):
+    """Every wave_complete(w) moves the wave to w + 1, a stale one too (the wave rewinds)."""
+
+    coordinator_class = _UnguardedCompleteCoordinator
+
+
 class _StatsFatalCoordinator(CoordinatorCore):
     def on_stats(self, rank: int, stats: object) -> list[Effect]:
         raise CoordinatorError(f"engine {rank}: coordinator message without wave control")
