@@ -144,7 +144,15 @@ for _n in (1, 2, 3, 4):
       "coordinator_output are nil.",
       grounds=NO_COORDINATOR_NAMED, needs=[Capability.GENERATE])
 async def single_engine_init_names_no_coordinator(ctx: CaseContext) -> None:
-    group = await ctx.start(1, handshake=True)
+    try:
+        group = await ctx.start(1, handshake=True, startup_timeout=3)
+    except (StartupError, StartupHang):
+        # An engine told of a coordinator waits for it, so startup may never end: the INIT
+        # it got is the evidence either way.
+        group = ctx.engines
+        if not any(i.addresses.coordinator_input or i.addresses.coordinator_output
+                   for i in _inits(group, 0)):
+            raise
     inits = _inits(group, 0)
     ctx.require(len(inits) == 1, expected="one INIT", observed=f"{len(inits)} INIT(s)")
     named = (inits[0].addresses.coordinator_input, inits[0].addresses.coordinator_output)

@@ -246,6 +246,8 @@ MUTANTS: dict[str, Mutant] = _by_name([
            "coordinator publish START_DP_WAVE", mc.FrontendStartsWave),
     Mutant("coordinator_init_without_addresses", "INIT leaves out the coordinator's "
            "addresses", mc.InitWithoutCoordinator),
+    Mutant("init_names_absent_coordinator", "INIT names coordinator addresses though the "
+           "frontend runs no coordinator", mc.InitNamesAbsentCoordinator),
     # -- utility (cores in mutants_utility.py) --
     Mutant("utility_bool_from_engine_zero", "add_lora/remove_lora/pin_lora/wake_up answered "
            "by engine 0, not ANDed", mu.BoolAnswersFromEngineZero),

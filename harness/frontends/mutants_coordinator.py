@@ -120,3 +120,18 @@ class InitWithoutCoordinator(ReferenceFrontendCore):
             return super().init_message(rank, inputs, outputs)
         finally:
             self.coordinator_addresses = saved
+
+
+class InitNamesAbsentCoordinator(ReferenceFrontendCore):
+    """INIT always names coordinator addresses, also when this frontend runs no coordinator
+    (the DP path's INIT reused for a single engine): the engine takes itself for a DP rank
+    with a coordinator (vllm/v1/engine/core.py:1210)."""
+
+    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
+        if self.coordinator_addresses is not None:
+            return super().init_message(rank, inputs, outputs)
+        self.coordinator_addresses = (inputs[0] + "-coord-in", inputs[0] + "-coord-out")
+        try:
+            return super().init_message(rank, inputs, outputs)
+        finally:
+            self.coordinator_addresses = None
