@@ -244,9 +244,10 @@ def cmd_run(children: int) -> int:
 def cmd_recheck(children: int) -> int:
     """Re-run the mutants the last run left alive against today's suite.
 
-    Sound only while the mutated sources are unchanged since that run (mutmut resets the
-    verdicts of any function whose code changed, and re-runs those too) and cases were
-    added, not weakened: a killed mutant stays killed.
+    Sound only while the mutated sources are unchanged since that run and cases were added,
+    not weakened: a killed mutant stays killed. mutmut 3.8.1 regenerates a source file that
+    changed (or merely has a newer mtime, as after a `git pull`) whole and drops every
+    verdict in it, so after such a change this is a full run of that file.
     """
     if not RUN_INFO.exists():
         print("no previous run in mutants/: use `scripts/mutation.py run`", file=sys.stderr)
