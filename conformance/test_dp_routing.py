@@ -327,17 +327,21 @@ for _n in (1, 2):
     _make_client_index()
 
 
+# A routed request counts on its engine at once, before any output or coordinator update.
+COUNTED_AT_ONCE = both(
+    py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
+    _PY_INFLIGHT,
+    rs(f"{RS}:97", "self.inflight += 1;"),
+    rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
+    _RS_SCORE,
+)
+
+
 @case("dp.routing.least_loaded_burst", Level.MUST,
       "Requests just sent count at once: two pinned to engine 0 and two to engine 2, then "
       "immediately an unpinned one (no output or coordinator update in between) goes to "
       "engine 1.",
-      grounds=both(
-          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
-          _PY_INFLIGHT,
-          rs(f"{RS}:97", "self.inflight += 1;"),
-          rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
-          _RS_SCORE,
-      ), needs=PINNED)
+      grounds=COUNTED_AT_ONCE, needs=PINNED)
 async def least_loaded_burst(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(3)])
     for i, rank in enumerate((0, 2, 0, 2)):
@@ -355,13 +359,7 @@ async def least_loaded_burst(ctx: CaseContext) -> None:
       "With 4 engines holding 2, 1, 0 and 0 requests in flight (pinned), two unpinned "
       "requests sent back to back (no output or coordinator update in between) go one to "
       "engine 2 and one to engine 3, none to engines 0 and 1.",
-      grounds=both(
-          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
-          _PY_INFLIGHT,
-          rs(f"{RS}:97", "self.inflight += 1;"),
-          rs(f"{RS}:173", "let engine_id = self.choose_engine_for_request(data_parallel_rank)?;"),
-          _RS_SCORE,
-      ), needs=PINNED)
+      grounds=COUNTED_AT_ONCE, needs=PINNED)
 async def least_loaded_two_idle(ctx: CaseContext) -> None:
     group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(4)])
     for i, rank in enumerate((0, 0, 1)):
