@@ -37,6 +37,19 @@ class UsageError(Exception):
     """A command the user can fix: printed as one line, exit 4, never a traceback."""
 
 
+WORKERS_PER_CPU = 4
+MAX_AUTO_WORKERS = 16
+
+
+def default_workers() -> str:
+    """`-n auto`: the cases are I/O-bound (the reference lane: 125 s of case time for 15
+    CPU-s on 2 CPUs), so several workers per CPU; measured on 2 CPUs (docs/benchmarks.md):
+    reference + kv + ec 67 s at 2 workers, 22 s at 8 (identical verdicts)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return str(max(2, min(MAX_AUTO_WORKERS, WORKERS_PER_CPU * cpus)))
+
+
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         os.makedirs(args.report_dir, exist_ok=True)
@@ -60,8 +73,12 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         argv += ["-k", args.k]
     if args.m:
         argv += ["-m", args.m]
-    if args.n and args.n != "0":
-        argv += ["-n", args.n]
+    workers = default_workers() if args.n == "auto" else args.n
+    if workers and workers != "0":
+        # worksteal: an idle worker takes queued cases from a busy one, so the few
+        # multi-second cases do not leave the run waiting on one worker (an explicit
+        # `-- --dist ...` comes later in argv and wins).
+        argv += ["-n", workers, "--dist", "worksteal"]
     if args.baseline:
         argv += ["--baseline", args.baseline]
     if args.update_baseline:
@@ -351,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-k", help="pytest -k expression, e.g. abort (default: every case)")
     run.add_argument("-m", help="pytest -m expression, e.g. 'dp and must' (default: every "
                                 "case)")
-    run.add_argument("-n", default="2", help="pytest-xdist workers (0: none)")
+    run.add_argument("-n", default="auto",
+                     help="pytest-xdist workers (0: none; default auto: "
+                          f"{WORKERS_PER_CPU} per CPU, at most {MAX_AUTO_WORKERS}: cases "
+                          "mostly wait on sockets and timers, so more workers than "
+                          "CPUs shorten a run)")
     run.add_argument("--report-dir", default="reports",
                      help="where junit.xml, results.json, report.html and transcripts go")
     run.add_argument("--baseline", help="JSON file of tolerated non-PASS verdicts "

@@ -3,7 +3,8 @@
 The full matrix (every case x every mutant) runs in `make mutants`, which records the kill
 pairs in fixtures/kill-matrix.json. Here we re-verify only what the proof needs: the record
 covers exactly today's mutants and cases, and a few recorded pairs (for every mutant one
-killer, for every case one mutant it kills) still kill, in one child pytest run.
+killer, for every case one mutant it kills) still kill, in PROOF_SHARDS child pytest runs
+(separate test items, so xdist runs them side by side).
 Measured on 2 CPUs: the whole matrix (43 mutants x 68 cases) took 117 s idle and 246 s
 under load; this proof (67 pairs) 30 s idle and 41 s under load.
 """
@@ -29,7 +30,7 @@ from harness.verdicts import CaseResult
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "fixtures" / "kill-matrix.json"
-WORKERS = int(os.environ.get("COREWIRE_MUTANT_WORKERS", "4"))
+WORKERS = int(os.environ.get("COREWIRE_MUTANT_WORKERS", "2"))  # per proof shard
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -43,21 +44,32 @@ def case_files() -> dict[str, str]:
     return discover_cases(ROOT)
 
 
+PROOF_SHARDS = 4  # separate items, so xdist spreads the ~150 s proof over its workers
+
+
 @pytest.fixture(scope="module")
-def proof(record: KillMatrix, case_files: dict[str, str],
-          tmp_path_factory: pytest.TempPathFactory
-          ) -> tuple[list[tuple[str, str]], dict[tuple[str, str], CaseResult]]:
-    """The selected pairs and what each graded now."""
+def proof_pairs(record: KillMatrix, case_files: dict[str, str]) -> list[tuple[str, str]]:
+    """The recorded pairs the proof re-runs: for every mutant a killer, for every case a
+    mutant it kills."""
     pairs = [(m, c) for m, c in record.select_proof(JUSTIFIED_IDLE_CASES)
              if m in MUTANTS and c in case_files]
     if not pairs:
         pytest.fail(f"the kill-matrix record proves nothing; {RERUN_HINT}")
+    return pairs
+
+
+def _shard(pairs: list[tuple[str, str]], index: int) -> list[tuple[str, str]]:
+    return pairs[index::PROOF_SHARDS]
+
+
+def _grade(pairs: list[tuple[str, str]], case_files: dict[str, str], tmp: Path
+           ) -> dict[tuple[str, str], CaseResult]:
+    """What each pair grades now, from one child pytest run."""
     results = run_against_mutants(
-        ROOT, sorted({m for m, _ in pairs}), tmp_path_factory.mktemp("proof"),
+        ROOT, sorted({m for m, _ in pairs}), tmp,
         node_ids=[node_id(case_files[c], c, m) for m, c in pairs], workers=WORKERS,
         timeout=540)
-    graded = {(r.frontend.removeprefix("mutant:"), r.case_id): r for r in results}
-    return pairs, graded
+    return {(r.frontend.removeprefix("mutant:"), r.case_id): r for r in results}
 
 
 def test_record_covers_every_mutant_and_case(record: KillMatrix,
@@ -66,9 +78,11 @@ def test_record_covers_every_mutant_and_case(record: KillMatrix,
     assert problems == [], "\n".join(problems)
 
 
-def test_recorded_pairs_still_kill(
-        proof: tuple[list[tuple[str, str]], dict[tuple[str, str], CaseResult]]) -> None:
-    pairs, graded = proof
+@pytest.mark.parametrize("shard", range(PROOF_SHARDS))
+def test_recorded_pairs_still_kill(shard: int, proof_pairs: list[tuple[str, str]],
+                                   case_files: dict[str, str], tmp_path: Path) -> None:
+    pairs = _shard(proof_pairs, shard)
+    graded = _grade(pairs, case_files, tmp_path)
     lost = []
     for pair in pairs:
         result = graded.get(pair)
@@ -81,10 +95,15 @@ def test_recorded_pairs_still_kill(
                         f"its power; if intended, {RERUN_HINT}):\n" + "\n".join(lost))
 
 
-def test_proof_covers_every_mutant_and_case(
-        record: KillMatrix, case_files: dict[str, str],
-        proof: tuple[list[tuple[str, str]], dict[tuple[str, str], CaseResult]]) -> None:
-    pairs, _ = proof
+def test_proof_shards_partition_the_proof(proof_pairs: list[tuple[str, str]]) -> None:
+    shards = [_shard(proof_pairs, i) for i in range(PROOF_SHARDS)]
+    assert sorted(p for shard in shards for p in shard) == sorted(proof_pairs)
+    assert all(shards), "an empty proof shard"
+
+
+def test_proof_covers_every_mutant_and_case(case_files: dict[str, str],
+                                            proof_pairs: list[tuple[str, str]]) -> None:
+    pairs = proof_pairs
     assert sorted(MUTANTS) == sorted({m for m, _ in pairs}), "mutants without a proof pair"
     needing = {c for c in case_files if c not in JUSTIFIED_IDLE_CASES}
     assert needing <= {c for _, c in pairs}, "cases without a proof pair"

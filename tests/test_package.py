@@ -241,7 +241,7 @@ def test_the_installed_corewire_is_the_one_that_answers(installed: Installed,
 def test_corewire_run_from_an_unrelated_directory(installed: Installed,
                                                   tmp_path: Path) -> None:
     proc = installed.run([str(installed.bin / "corewire"), "run", "--frontend", "reference",
-                          "-m", "abort", "--report-dir", "X"], cwd=tmp_path)
+                          "-m", "abort", "-n", "2", "--report-dir", "X"], cwd=tmp_path)
     _check(proc, "corewire run")
     _assert_abort_run(tmp_path / "X", "reference")
 
