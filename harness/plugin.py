@@ -124,6 +124,8 @@ REPORT_DIR_LOCK = pytest.StashKey[ReportDirLock]()
 def _writes_report_set(config: pytest.Config) -> bool:
     """A conformance session, or one given --report-dir: it owns a report set (a session
     of corewire's own tests, which runs conformance sessions of its own, does not)."""
+    if config.getoption("collectonly"):
+        return False  # lists cases, runs none: the dir's reports are left as they are
     given = any(a == "--report-dir" or a.startswith("--report-dir=")
                 for a in config.invocation_params.args)
     return given or selection.conformance_only(config)
@@ -329,7 +331,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         ownership.sweep()  # what dead runs left: their driver programs, their temp dirs
         guard_junit(session.config, session_of(session.config).not_written)
-        clear_report_set(session.config.getoption("report_dir"))
+        if not session.config.getoption("collectonly"):
+            clear_report_set(session.config.getoption("report_dir"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

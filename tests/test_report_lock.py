@@ -103,3 +103,22 @@ def test_a_holder_that_died_blocks_no_one(tmp_path: Path) -> None:
     finally:
         lock.release()
     assert (tmp_path / LOCK_NAME).read_text() == ""  # no stale holder left to read
+
+
+def test_collect_only_leaves_a_busy_report_dir_alone(tmp_path: Path) -> None:
+    """`--collect-only` runs no case: it neither waits for nor takes the dir, and neither
+    clears nor writes its report set (before: it needed the lock, so it failed with exit 4
+    beside a running suite, and it deleted the results.json it found)."""
+    reports = tmp_path / "reports"
+    lock = lock_report_dir(str(reports))  # another run holds the dir
+    try:
+        (reports / "results.json").write_text("theirs")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "--collect-only", "-q",
+             "-p", "no:cacheprovider", "--report-dir", str(reports), "-k", CASE],
+            cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert f"{CASE}[reference]" in proc.stdout
+        assert (reports / "results.json").read_text() == "theirs"
+    finally:
+        lock.release()
