@@ -42,7 +42,7 @@ from harness.report.schema import RunMeta, encode_result
 from harness.session import SESSION, CorewireSession, session_of
 from harness.timing import Timescale, TimescaleError
 from harness.verdicts import AREAS, CaseResult, CaseSpec, Verdict
-from harness.wire.profiles import ProtocolProfile, get_profile
+from harness.wire.profiles import VLLM_0_33, ProtocolProfile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -233,6 +233,16 @@ def _filtered(config: pytest.Config) -> bool:
                 or any("::" in arg for arg in config.args)
                 or config.getoption("lf", False) or config.getoption("deselect", None)
                 or config.getoption("shard", None))
+
+
+def _frontend_profiles(run: CorewireSession) -> dict[str, ProtocolProfile]:
+    """The profile each wire frontend's engines spoke, as CaseContext chose it: the run's
+    --profile, else the one the frontend's driver declares (vllm-rs@X), else vllm-0.33
+    (component units speak no wire protocol)."""
+    from harness.frontends.registry import parse_spec, spec_profile
+
+    return {f.name: run.profile or spec_profile(f.spec) or VLLM_0_33 for f in run.frontends
+            if not parse_spec(f.spec).is_component}
 
 
 def _profile(config: pytest.Config) -> ProtocolProfile | None:
@@ -478,7 +488,8 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
     run.not_written += [note[len(TRANSCRIPT_NOT_WRITTEN):] for r in results
                         for note in r.evidence.notes if note.startswith(TRANSCRIPT_NOT_WRITTEN)]
     try:
-        write_reports(results, report_dir, run.profile, partial, run_meta)
+        write_reports(results, report_dir, run.profile, partial, run_meta,
+                      _frontend_profiles(run))
     except ReportsNotWritten as exc:
         run.not_written += exc.failures
     junit_path = os.path.join(report_dir, "junit.xml")

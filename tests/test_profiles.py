@@ -17,6 +17,7 @@ import msgspec
 import pytest
 import zmq
 
+from harness.report.schema import document_json
 from harness.report.writer import results_document
 from harness.transport.endpoints import PrivateIpcDir
 from harness.transport.sockets import engine_identity, make_socket
@@ -345,6 +346,53 @@ def test_report_is_labelled_with_the_run_profile() -> None:
     assert results_document([]).meta.protocol_profile == "vllm-0.33"
     meta = results_document([], get_profile("vllm-0.23.0")).meta
     assert (meta.protocol_profile, meta.vllm_version) == ("vllm-0.23.0", "0.23.0")
+
+
+def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
+    """Before: the labels came from --profile only, so `--frontend vllm-rs@0.23.0` (engines
+    speaking 0.23.0's layout, as scripts/history.py runs it) was labelled vllm-0.33."""
+    from harness.frontends.naming import NamedFrontend
+    from harness.frontends.registry import make_driver, spec_profile
+    from harness.plugin import _frontend_profiles
+    from harness.report.compliance import render_compliance
+    from harness.report.html import render_html
+    from harness.session import CorewireSession
+    from harness.timing import DEFAULT
+    from harness.wire.profiles import VLLM_0_33
+
+    for release in ("0.22.0", "0.23.0", "0.33.0"):  # the driver's choice is the label's
+        spec = f"vllm-rs@{release}"
+        assert spec_profile(spec) is getattr(make_driver(spec), "protocol_profile", None)
+        assert spec_profile(spec) == get_profile(f"vllm-{release}")
+    assert spec_profile("vllm-rs") is None and spec_profile("reference") is None
+
+    def run_of(*specs: str, profile: str | None = None) -> CorewireSession:
+        run = CorewireSession(DEFAULT, None, None if profile is None else get_profile(profile),
+                              False)
+        run.frontends = [NamedFrontend(s, s) for s in specs]
+        return run
+
+    alone = _frontend_profiles(run_of("vllm-rs@0.23.0", "kv:reference"))
+    assert {k: v.name for k, v in alone.items()} == {"vllm-rs@0.23.0": "vllm-0.23.0"}
+    meta = results_document([], None, frontend_profiles=alone).meta
+    assert (meta.protocol_profile, meta.vllm_version) == ("vllm-0.23.0", "0.23.0")
+
+    mixed = _frontend_profiles(run_of("vllm-rs@0.23.0", "vllm-rs", "reference"))
+    doc = results_document([], None, frontend_profiles=mixed)
+    assert (doc.meta.protocol_profile, doc.meta.vllm_version) == ("per frontend",) * 2
+    assert doc.meta.frontend_profiles == {"reference": "vllm-0.33", "vllm-rs": "vllm-0.33",
+                                          "vllm-rs@0.23.0": "vllm-0.23.0"}
+    said = ("protocol profiles per frontend: reference vllm-0.33, vllm-rs vllm-0.33, "
+            "vllm-rs@0.23.0 vllm-0.23.0")
+    assert said in render_html(doc) and said in render_compliance(doc, None)
+    assert json.loads(document_json(doc))["meta"]["frontend_profiles"]["vllm-rs@0.23.0"] \
+        == "vllm-0.23.0"
+
+    forced = _frontend_profiles(run_of("vllm-rs@0.23.0", "reference", profile="vllm-0.24.0"))
+    assert {p.name for p in forced.values()} == {"vllm-0.24.0"}  # --profile wins for all
+    one = results_document([], None, frontend_profiles=_frontend_profiles(run_of("reference")))
+    assert one.meta.protocol_profile == VLLM_0_33.name and one.meta.frontend_profiles \
+        is msgspec.UNSET  # a one-profile run's results.json is as before
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from harness.frontends.driver import FrontendDriver
 from harness.timing import DEFAULT, Timescale
+from harness.wire.profiles import ProtocolProfile, profile_for_release
 
 REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.subprocess.program"]
 
@@ -104,6 +105,17 @@ def check_spec(spec: str) -> None:
         from harness.components import component_slot
 
         component_slot(parsed.kind).check(parsed.argument)
+
+
+def spec_profile(spec: str) -> ProtocolProfile | None:
+    """The protocol the engines behind `spec` speak when the run gives no --profile: a
+    `vllm-rs@X` release's own (its Rust decoder refuses any other array length, so its
+    driver declares it: VllmRsDriver.protocol_profile); None for every other spec
+    (vllm-0.33). What the report labels say, without building a driver."""
+    from harness.frontends.vllm_rs_releases import release_of
+
+    release = release_of(spec) if parse_spec(spec).kind == "vllm-rs" else None
+    return None if release is None else profile_for_release(release.version)
 
 
 def make_driver(spec: str, timescale: Timescale = DEFAULT) -> FrontendDriver:

@@ -55,8 +55,7 @@ def render_html(doc: ResultsDocument) -> str:
            "<title>corewire conformance report</title>",
            f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
            "<h1>corewire conformance report</h1>",
-           f"<p>protocol profile {_esc(meta.label('protocol_profile'))} (vLLM "
-           f"{_esc(meta.label('vllm_version'))}), generated {_esc(meta.label('generated'))}</p>",
+           f"<p>{_esc(meta.profile_label())}, generated {_esc(meta.label('generated'))}</p>",
            *([f"<p id='partial'><b>PARTIAL</b>: {_esc(meta.partial_reason or '')}; only "
               f"the {len(results)} cases that finished are shown</p>"]
              if meta.partial else []),

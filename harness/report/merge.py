@@ -141,7 +141,8 @@ def check_partition(runs: list[ShardRun]) -> None:
                 raise MergeError(f"overlapping shards: {key[0]}[{key[1]}] is in both "
                                  f"{owner[key]} and {run.directory}")
             owner[key] = run.directory
-    profiles = {str(run.meta.protocol_profile or None) for run in runs}
+    profiles = {f"{run.meta.protocol_profile or None} {run.meta.frontend_profiles or ''}"
+                for run in runs}
     if len(profiles) > 1:
         raise MergeError(f"mixed protocol profiles {sorted(profiles)}: one run, one profile")
 

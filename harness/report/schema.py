@@ -36,6 +36,9 @@ class MergedFrom(msgspec.Struct):
     shard: list[int]
 
 
+PER_FRONTEND = "per frontend"  # protocol_profile / vllm_version of a mixed run
+
+
 class RunMeta(msgspec.Struct):
     """The labels of one run. Field order is the key order in results.json; an UNSET
     field is absent from the file (a document written without run facts, or before
@@ -54,6 +57,18 @@ class RunMeta(msgspec.Struct):
     merged_from: list[MergedFrom] | msgspec.UnsetType = UNSET
     partial_reason: str | msgspec.UnsetType = UNSET
     stopped: list[Stop] | msgspec.UnsetType = UNSET  # frontends stopped (harness/failfast.py)
+    # frontend -> the protocol profile its engines spoke, only when the frontends of the
+    # run spoke different ones (vllm-rs@X beside vllm-rs); protocol_profile and
+    # vllm_version then say PER_FRONTEND.
+    frontend_profiles: dict[str, str] | msgspec.UnsetType = UNSET
+
+    def profile_label(self) -> str:
+        """'protocol profile P, vLLM V', or each frontend's when they differ."""
+        if isinstance(self.frontend_profiles, dict):
+            return "protocol profiles per frontend: " + ", ".join(
+                f"{name} {profile}" for name, profile in self.frontend_profiles.items())
+        return (f"protocol profile {self.label('protocol_profile')}, vLLM "
+                f"{self.label('vllm_version')}")
 
     def label(self, name: str) -> str:
         """A label the renderers print; its absence is the file's fault, said so."""

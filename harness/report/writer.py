@@ -6,40 +6,55 @@ import contextlib
 import datetime as dt
 import os
 import platform
+from collections.abc import Mapping
 
 from harness.report.failsafe import ReportsNotWritten, describe
 from harness.report.html import render_html
-from harness.report.schema import ResultsDocument, RunMeta, document_json, read_results
+from harness.report.schema import (
+    PER_FRONTEND,
+    ResultsDocument,
+    RunMeta,
+    document_json,
+    read_results,
+)
 from harness.verdicts import CaseResult
 from harness.wire.profiles import VLLM_0_33, ProtocolProfile
 
 
-def run_metadata(profile: ProtocolProfile | None = None) -> RunMeta:
-    """The run's labels; `profile` is the protocol its mock engines spoke (--profile)."""
-    profile = profile or VLLM_0_33
-    return RunMeta(
-        generated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        protocol_profile=profile.name,
-        vllm_version=profile.vllm_version,
-        python=platform.python_version(),
-        host=platform.node(),
-    )
+def run_metadata(profile: ProtocolProfile | None = None,
+                 frontend_profiles: Mapping[str, ProtocolProfile] | None = None) -> RunMeta:
+    """The run's labels. `profile`: the run's --profile; `frontend_profiles`: the profile
+    each (wire) frontend's engines spoke. One profile for all: that one is the label;
+    several (vllm-rs@0.23.0 beside vllm-rs): PER_FRONTEND, and each frontend's."""
+    spoken = dict(sorted((frontend_profiles or {}).items()))
+    distinct = {p.name: p for p in spoken.values()}
+    meta = RunMeta(generated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    if len(distinct) > 1:
+        meta.protocol_profile = meta.vllm_version = PER_FRONTEND
+        meta.frontend_profiles = {name: p.name for name, p in spoken.items()}
+    else:
+        chosen = next(iter(distinct.values())) if distinct else profile or VLLM_0_33
+        meta.protocol_profile, meta.vllm_version = chosen.name, chosen.vllm_version
+    meta.python, meta.host = platform.python_version(), platform.node()
+    return meta
 
 
 def results_document(results: list[CaseResult], profile: ProtocolProfile | None = None,
                      partial: str | None = None,
-                     run_meta: RunMeta | None = None) -> ResultsDocument:
+                     run_meta: RunMeta | None = None,
+                     frontend_profiles: Mapping[str, ProtocolProfile] | None = None
+                     ) -> ResultsDocument:
     """`partial`: why the run stopped early (e.g. "interrupted by SIGINT"); the document
     then holds only the cases that finished, and says so (meta.partial). `run_meta`:
     the shard, the selection and the items failing the run (what `corewire merge` reads);
     its labels are this run's."""
     ordered = sorted(results, key=lambda r: (r.case_id, r.frontend))
-    labels = run_metadata(profile)
+    labels = run_metadata(profile, frontend_profiles)
     facts = run_meta or RunMeta()
     meta = RunMeta(labels.generated, labels.protocol_profile, labels.vllm_version,
                    labels.python, labels.host, shard=facts.shard, selection=facts.selection,
                    failing=facts.failing, failed_outside_cases=facts.failed_outside_cases,
-                   partial=partial is not None)
+                   partial=partial is not None, frontend_profiles=labels.frontend_profiles)
     if partial is not None:
         meta.partial_reason = partial
     meta.stopped = facts.stopped
@@ -49,10 +64,12 @@ def results_document(results: list[CaseResult], profile: ProtocolProfile | None 
 def write_reports(results: list[CaseResult], report_dir: str,
                   profile: ProtocolProfile | None = None,
                   partial: str | None = None,
-                  run_meta: RunMeta | None = None) -> dict[str, str]:
+                  run_meta: RunMeta | None = None,
+                  frontend_profiles: Mapping[str, ProtocolProfile] | None = None
+                  ) -> dict[str, str]:
     """Write JSON and HTML; returns their paths."""
     os.makedirs(report_dir, exist_ok=True)
-    doc = results_document(results, profile, partial, run_meta)
+    doc = results_document(results, profile, partial, run_meta, frontend_profiles)
     return write_document(doc, report_dir)
 
 
