@@ -23,6 +23,7 @@ The table, interrupts and report-set rules: docs/cli.md (`bench`'s exit codes th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Any, NoReturn
@@ -37,17 +38,28 @@ class UsageError(Exception):
     """A command the user can fix: printed as one line, exit 4, never a traceback."""
 
 
-WORKERS_PER_CPU = 4
+WORKERS_PER_CPU = 6
+WORKERS_PER_CPU_VLLM_PY = 3  # every worker that runs a vllm-py case imports vLLM (~10 CPU-s)
 MAX_AUTO_WORKERS = 16
 
 
-def default_workers() -> str:
+def default_workers(frontends: list[str]) -> str:
     """`-n auto`: the cases are I/O-bound (the reference lane: 125 s of case time for 15
-    CPU-s on 2 CPUs), so several workers per CPU; measured on 2 CPUs (docs/benchmarks.md):
-    reference + kv + ec 67 s at 2 workers, 22 s at 8 (identical verdicts)."""
+    CPU-s on 2 CPUs), so several workers per CPU; fewer when vllm-py is in the run, whose
+    per-worker vLLM import turns extra workers into CPU work. Measured on 2 CPUs
+    (docs/benchmarks.md): reference + kv + ec 67 s at 2 workers, 21 s at 8, 18 s at 12;
+    vllm-py 152 s at 2, 103 s at 6, 110 s at 8, 140 s at 12."""
+    from harness.frontends import naming
+    from harness.frontends.registry import parse_spec
+
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
-    return str(max(2, min(MAX_AUTO_WORKERS, WORKERS_PER_CPU * cpus)))
+    kinds = set()
+    for value in frontends:
+        with contextlib.suppress(ValueError):  # a bad spec is the plugin's usage error
+            kinds.add(parse_spec(naming.split_name(value)[1]).kind)
+    per_cpu = WORKERS_PER_CPU_VLLM_PY if "vllm-py" in kinds else WORKERS_PER_CPU
+    return str(max(2, min(MAX_AUTO_WORKERS, per_cpu * cpus)))
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -73,7 +85,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         argv += ["-k", args.k]
     if args.m:
         argv += ["-m", args.m]
-    workers = default_workers() if args.n == "auto" else args.n
+    workers = default_workers(args.frontend or ["reference"]) if args.n == "auto" else args.n
     if workers and workers != "0":
         # worksteal: an idle worker takes queued cases from a busy one, so the few
         # multi-second cases do not leave the run waiting on one worker (an explicit
@@ -370,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "case)")
     run.add_argument("-n", default="auto",
                      help="pytest-xdist workers (0: none; default auto: "
-                          f"{WORKERS_PER_CPU} per CPU, at most {MAX_AUTO_WORKERS}: cases "
-                          "mostly wait on sockets and timers, so more workers than "
-                          "CPUs shorten a run)")
+                          f"{WORKERS_PER_CPU} per CPU, {WORKERS_PER_CPU_VLLM_PY} with "
+                          f"vllm-py, at most {MAX_AUTO_WORKERS}: cases mostly wait on "
+                          "sockets and timers, so more workers than CPUs shorten a run)")
     run.add_argument("--report-dir", default="reports",
                      help="where junit.xml, results.json, report.html and transcripts go")
     run.add_argument("--baseline", help="JSON file of tolerated non-PASS verdicts "

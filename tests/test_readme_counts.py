@@ -54,6 +54,6 @@ def test_every_frontend_form_is_in_the_readme_table_and_run_help() -> None:
     for form in ("kv:", "ec:", "subprocess:", "mutant:NAME", "vllm-rs@X", "[NAME=]SPEC",
                  "reference-subprocess", "vllm-py"):
         assert form in text, form
-    for default in ("default auto: 4 per CPU", "(default: reports)", "(default: reference)",
+    for default in ("default auto: 6 per CPU", "(default: reports)", "(default: reference)",
                     "(default: vllm-0.33", "6 reports not written", "7 a frontend could not start"):
         assert default in text, default

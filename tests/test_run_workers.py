@@ -1,4 +1,5 @@
-"""`corewire run -n auto` (the default): workers by the CPUs this process may use."""
+"""`corewire run -n auto` (the default): workers by the CPUs this process may use and by
+what the run's frontends cost to start in a worker."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ import pytest
 from harness import cli
 
 
-@pytest.mark.parametrize("cpus, workers", [(1, "4"), (2, "8"), (3, "12"), (4, "16"),
-                                           (64, "16")])
-def test_auto_is_four_workers_per_cpu_at_most_sixteen(monkeypatch: pytest.MonkeyPatch,
-                                                       cpus: int, workers: str) -> None:
+@pytest.mark.parametrize("cpus, workers", [(1, "6"), (2, "12"), (3, "16"), (64, "16")])
+def test_auto_is_six_workers_per_cpu_at_most_sixteen(monkeypatch: pytest.MonkeyPatch,
+                                                      cpus: int, workers: str) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    assert cli.default_workers() == workers
+    assert cli.default_workers(["reference", "kv:reference"]) == workers
+
+
+@pytest.mark.parametrize("frontends", [["vllm-py"], ["reference", "py=vllm-py"]])
+def test_auto_is_three_per_cpu_when_vllm_py_runs(monkeypatch: pytest.MonkeyPatch,
+                                                 frontends: list[str]) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert cli.default_workers(frontends) == "6"
+
+
+def test_a_bad_spec_is_left_to_the_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert cli.default_workers(["nonsense:x"]) == "6"
 
 
 def test_run_passes_auto_workers_with_work_stealing(monkeypatch: pytest.MonkeyPatch,
@@ -31,6 +43,6 @@ def test_run_passes_auto_workers_with_work_stealing(monkeypatch: pytest.MonkeyPa
     cli.main(["run", "-k", "abort", "--report-dir", str(tmp_path)])
     cli.main(["run", "-n", "0", "-k", "abort", "--report-dir", str(tmp_path)])
     auto, none = seen
-    assert auto[auto.index("-n") + 1] == "8"
+    assert auto[auto.index("-n") + 1] == "12"
     assert auto[auto.index("--dist") + 1] == "worksteal"
     assert "-n" not in none and "--dist" not in none
