@@ -445,7 +445,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from harness.report.failsafe import REPORTS_NOT_WRITTEN
 
     try:
-        _write_report_set(session, exitstatus, run)
+        if not config.getoption("collectonly"):  # listed, not run: no report set
+            _write_report_set(session, exitstatus, run)
     finally:
         ownership.sweep()  # a worker that died outside a case left its registry
         if run.not_written:

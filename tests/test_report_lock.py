@@ -120,5 +120,13 @@ def test_collect_only_leaves_a_busy_report_dir_alone(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert f"{CASE}[reference]" in proc.stdout
         assert (reports / "results.json").read_text() == "theirs"
+        sharded = subprocess.run(  # a shard writes its (empty) report set even when
+            [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "--collect-only",
+             "-q", "-p", "no:cacheprovider", "--report-dir", str(reports), "--shard", "1/2"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120)  # it draws nothing
+        assert sharded.returncode == 0, sharded.stdout[-2000:] + sharded.stderr[-2000:]
+        assert sorted(p.name for p in reports.iterdir()) == [".corewire.lock",
+                                                             "results.json"]
+        assert (reports / "results.json").read_text() == "theirs"
     finally:
         lock.release()
