@@ -13,6 +13,7 @@ rest of make test.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -79,21 +80,37 @@ def test_record_covers_every_mutant_and_case(record: KillMatrix,
     assert problems == [], "\n".join(problems)
 
 
-@pytest.mark.parametrize("shard", range(PROOF_SHARDS))
-def test_recorded_pairs_still_kill(shard: int, proof_pairs: list[tuple[str, str]],
-                                   case_files: dict[str, str], tmp_path: Path) -> None:
-    pairs = _shard(proof_pairs, shard)
-    if not pairs:  # an empty node-id list would make the child run every test it finds
-        pytest.skip(f"the proof has fewer than {PROOF_SHARDS} pairs")
-    graded = _grade(pairs, case_files, tmp_path)
-    lost = []
+def _missed(pairs: list[tuple[str, str]], graded: dict[tuple[str, str], CaseResult]
+            ) -> dict[tuple[str, str], str]:
+    """The pairs that did not kill this time, each with what it graded."""
+    missed = {}
     for pair in pairs:
         result = graded.get(pair)
         if result is None:
-            lost.append(f"{pair[1]} x mutant:{pair[0]}: not run")
+            missed[pair] = "not run"
         elif result.verdict in HARMLESS:
-            lost.append(f"{pair[1]} x mutant:{pair[0]}: now {result.verdict.value} "
-                        f"({result.message})")
+            missed[pair] = f"now {result.verdict.value} ({result.message})"
+    return missed
+
+
+@pytest.mark.parametrize("shard", range(PROOF_SHARDS))
+def test_recorded_pairs_still_kill(shard: int, proof_pairs: list[tuple[str, str]],
+                                   case_files: dict[str, str], tmp_path: Path) -> None:
+    """A pair that misses is run once more on its own: a case that lost its power misses
+    twice; one that still kills was beaten by the machine's timing once (named in a
+    warning, so the record can be re-stabilised: 1 miss in 13 runs of the shards was seen
+    on 2 CPUs, its pair not caught)."""
+    pairs = _shard(proof_pairs, shard)
+    if not pairs:  # an empty node-id list would make the child run every test it finds
+        pytest.skip(f"the proof has fewer than {PROOF_SHARDS} pairs")
+    first = _missed(pairs, _grade(pairs, case_files, tmp_path / "run"))
+    again = _missed(list(first), _grade(list(first), case_files, tmp_path / "again")) \
+        if first else {}
+    for (mutant, case), why in first.items():
+        if (mutant, case) not in again:
+            warnings.warn(f"kill pair {case} x mutant:{mutant} missed once ({why}), killed "
+                          "on the re-run: timing-dependent", stacklevel=1)
+    lost = [f"{case} x mutant:{mutant}: {why}" for (mutant, case), why in again.items()]
     assert lost == [], ("recorded kill pairs that no longer kill (a case or mutant lost "
                         f"its power; if intended, {RERUN_HINT}):\n" + "\n".join(lost))
 
