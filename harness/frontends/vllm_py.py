@@ -47,6 +47,7 @@ and deep-copied per case (about 1 ms), because AsyncLLM mutates the config it is
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import copy
 import gc
@@ -79,6 +80,7 @@ from harness.frontends.driver import (
     check_generate_options,
 )
 from harness.frontends.vllm_py_env import hold_rpc_base, release_rpc_base
+from harness.frontends.vllm_py_forkserver import coordinator_context
 from harness.frontends.vllm_py_inputs import SessionFeed, consume_session, embeds_request
 from harness.frontends.vllm_py_utilities import async_llm_call, normalise
 from harness.transport.endpoints import PrivateIpcDir
@@ -155,9 +157,12 @@ def _load_vllm() -> _Vllm:
         # As `vllm serve` does once it has started (freeze_gc_heap(),
         # vllm/entrypoints/launchers/utils/server_utils.py:94): the import's ~600k objects
         # leave the collector's view, so its full passes stop re-scanning them (measured: 1-5
-        # CPU-s a worker over a lane, and 0.3-0.5 s per explicit full collect).
+        # CPU-s a worker over a lane, and 0.3-0.5 s per explicit full collect). Unfrozen at
+        # exit: the interpreter's last pass then frees them, and nanobind-based extensions
+        # imported by vLLM do not report them as leaked on stderr.
         gc.collect()
         gc.freeze()
+        atexit.register(gc.unfreeze)
         return _VLLM
 
 
@@ -240,7 +245,7 @@ class VllmPyDriver(FrontendDriver):
             # starts the case clock).
             with contextlib.suppress(Exception):  # start() reports import errors, graded
                 _base_config(_load_vllm(), 1)
-                handshake.coordinator_context()
+                coordinator_context()
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -26,10 +26,11 @@ waits for ever on a lock whose owner does not exist in it; the coordinator never
 addresses (`_wait_for_zmq_addrs` waits 120 s, coordinator.py:56-66), AsyncLLM sends no INIT
 and the case ends in TIMEOUT (tests/vllm_lane/test_vllm_py_handshake.py reproduces it by
 holding the log stream's lock at the fork). So the coordinator starts from a fork server instead
-(`coordinator_context`): a single-threaded process of its own that imported vLLM's coordinator
-module once, started when the driver is built (outside any case's bound); each coordinator
-is a fork of that clean process, in milliseconds, running vLLM's own `run_coordinator`.
-Spawning it (the CPU platform's default) would re-import vLLM, about 10 s a case.
+(`coordinator_context`, vllm_py_forkserver.py): a single-threaded process made once, when the
+driver is built (outside any case's bound), forked from the worker before any case thread
+runs, with vLLM already imported; each coordinator is a fork of that clean process, in
+milliseconds, running vLLM's own `run_coordinator`. Spawning it (the CPU platform's default)
+would re-import vLLM, about 10 s a case.
 
 The handshake port is reserved (`ReservedTcpPort`), not merely free: between picking a free
 port and AsyncLLM binding it, any port-0 bind in any process (another worker's frontend or DP
@@ -58,8 +59,6 @@ import contextlib
 import copy
 import gc
 import json
-import multiprocessing
-import multiprocessing.context
 import os
 import shutil
 import sys
@@ -71,7 +70,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from harness.frontends.driver import StartupError, StartupHang
-from harness.leaks import register_session_helper
+from harness.frontends.vllm_py_forkserver import coordinator_context
 from harness.timing import Timescale
 from harness.transport.endpoints import ReservedTcpPort
 from harness.vllm_dist import tiny_model_dir
@@ -90,47 +89,6 @@ _CONFIG_LOCK = threading.Lock()
 # One construction at a time per process: it swaps module globals of vLLM's core_client and
 # coordinator for its duration.
 _CONSTRUCT_LOCK = threading.Lock()
-COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
-FORKSERVER_START_TIMEOUT = 120.0  # the server imports vLLM's coordinator module once (~5-10 s)
-_FORKSERVER_LOCK = threading.Lock()
-_FORKSERVER: list[multiprocessing.context.BaseContext] = []
-
-
-def coordinator_context() -> multiprocessing.context.BaseContext:
-    """The fork server DP coordinators start from (see the module docstring): started once
-    per process with vLLM's coordinator module preloaded, and waited for, so the first
-    coordinated case does not pay the import inside its startup bound."""
-    with _FORKSERVER_LOCK:
-        if not _FORKSERVER:
-            from multiprocessing import resource_tracker
-            tracker_was_running = resource_tracker._resource_tracker._pid is not None  # type: ignore[attr-defined]
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([COORDINATOR_MODULE])
-            # A child that only returns: its start waits until the server has imported the
-            # preloaded module and accepts forks.
-            probe = context.Process(target=os.getpid, name="corewire-forkserver-ready")
-            probe.start()
-            probe.join(FORKSERVER_START_TIMEOUT)
-            if probe.exitcode != 0:
-                raise StartupError(f"the DP coordinator's fork server did not come up within "
-                                   f"{FORKSERVER_START_TIMEOUT:.0f}s (exit {probe.exitcode})")
-            register_session_helper(_stop_forkserver)
-            if not tracker_was_running:  # the fork server started multiprocessing's tracker
-                register_session_helper(resource_tracker._resource_tracker._stop)  # type: ignore[attr-defined]
-            _FORKSERVER.append(context)
-        return _FORKSERVER[0]
-
-
-def _stop_forkserver() -> None:
-    """End the fork server (a process-wide helper, stopped at session end; the stdlib has
-    no public call for it, `_stop` is the one its own tests use)."""
-    from multiprocessing import forkserver
-    with _FORKSERVER_LOCK:
-        if _FORKSERVER:
-            forkserver._forkserver._stop()  # type: ignore[attr-defined]
-            _FORKSERVER.clear()
-
-
 # A MoE variant of fixtures/tiny-model's config: vLLM runs DP wave coordination only for MoE
 # models (utils.py:1265-1270 `enable_wave_coordination=is_moe`). No weights are loaded: the
 # frontend reads config and tokenizer only.
