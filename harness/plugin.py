@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from harness import failfast, interrupts, selection, shard
+from harness import failfast, interrupts, selection, shard, worker_exit
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends import naming
 from harness.frontends.registry import check_spec, make_driver, parse_spec
@@ -90,6 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
     timescale = _check_usage(config)
+    if _is_worker(config):
+        worker_exit.install()
     selection.configure_components(config)
     if selection.conformance_only(config) and not _is_worker(config):
         _terminal_is_ours(config)

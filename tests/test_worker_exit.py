@@ -1,0 +1,48 @@
+"""harness/worker_exit.py: a worker that imported vLLM ends at its last exit handler.
+
+Checked in a child interpreter (the exit is the thing under test): output still buffered is
+written, exit handlers registered after install() run, the interpreter's teardown does not
+(an object's finaliser at teardown never prints), and the exit status stays the
+interpreter's: 0, or 1 after an uncaught exception. A stand-in module named vllm marks the
+process as one that imported vLLM (importing the real one costs ~8 s; the exit does not
+look at it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = textwrap.dedent("""
+    import atexit, sys, types
+    from harness import worker_exit
+    worker_exit.install()
+    if {vllm!r}:
+        sys.modules["vllm"] = types.ModuleType("vllm")
+    atexit.register(lambda: print("later handler ran", end=""))
+
+    class Teardown:
+        def __del__(self):
+            print(" teardown ran", end="")
+
+    KEPT = Teardown()  # freed only by the interpreter's teardown
+    print("buffered ", end="")
+    if {fail!r}:
+        raise RuntimeError("uncaught")
+""")
+
+
+@pytest.mark.parametrize(("vllm", "fail", "code", "teardown"), [
+    (True, False, 0, False), (True, True, 1, False), (False, False, 0, True)])
+def test_exit_skips_teardown_only_after_vllm(vllm: bool, fail: bool, code: int,
+                                              teardown: bool) -> None:
+    done = subprocess.run([sys.executable, "-c", CHILD.format(vllm=vllm, fail=fail)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert done.stdout.startswith("buffered later handler ran")
+    assert ("teardown ran" in done.stdout) is teardown
