@@ -62,6 +62,11 @@ def default_workers(frontends: list[str]) -> str:
     return str(max(2, min(MAX_AUTO_WORKERS, per_cpu * cpus)))
 
 
+# The plugins `corewire run`'s pytest child loads (its environment turns autoload off).
+CHILD_PLUGINS = ("-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.plugin",
+                 "-p", "harness.replay_plugin")
+
+
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         os.makedirs(args.report_dir, exist_ok=True)
@@ -76,12 +81,12 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     # The installed (or checked-out) cases, wherever `corewire run` is run from, under
     # corewire's own pytest configuration (harness/corewire_run.ini), not the cwd's.
     # junit.xml is the plugin's (harness/report/junit.py), beside results.json.
-    # hypothesis's and anyio's pytest plugins (present in many environments, loaded by
-    # entry point into every worker) serve no case: the one case that uses hypothesis calls
-    # it directly with its own settings. Blocking them saves ~0.13 CPU-s per process.
+    # Only corewire's own plugins and the two it depends on are loaded (CHILD_PLUGINS, with
+    # pytest's entry-point autoload off in the child's environment): whatever else the
+    # environment has installed (hypothesis's, anyio's, a port's own) serves no case and
+    # cannot change a verdict, and finding and loading those cost every worker ~0.1-0.2 CPU-s.
     argv = [str(cases), "-c", str(RUN_INI), "--rootdir", str(IMPORT_ROOT),
-            "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:anyio", "-q",
-            "--report-dir", args.report_dir]
+            "-p", "no:cacheprovider", *CHILD_PLUGINS, "-q", "--report-dir", args.report_dir]
     for frontend in args.frontend or ["reference"]:
         argv += ["--frontend", frontend]
     if args.k:
@@ -123,7 +128,8 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     except TimescaleError:
         timescale = DEFAULT
     # A child process: pytest must import (and assertion-rewrite) the plugin itself.
-    return _run_child([sys.executable, "-m", "pytest", *argv, *extra], timescale)
+    return _run_child([sys.executable, "-m", "pytest", *argv, *extra], timescale,
+                      {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
 
 
 INTERRUPTED = 2  # pytest's code for an interrupted session
@@ -146,7 +152,8 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_child(argv: list[str], timescale: Timescale) -> int:
+def _run_child(argv: list[str], timescale: Timescale,
+               env: dict[str, str] | None = None) -> int:
     """Run pytest; SIGINT / SIGTERM are forwarded to it (once each, the child treats
     repeats as the same interrupt) and we wait for it to write its partial reports and
     reap its children. A child still running STOP_BOUND_S x timescale after the signal
@@ -156,7 +163,7 @@ def _run_child(argv: list[str], timescale: Timescale) -> int:
     import time
 
     parent = os.getpid()
-    child = subprocess.Popen(argv, preexec_fn=lambda: _die_with_parent(parent))
+    child = subprocess.Popen(argv, env=env, preexec_fn=lambda: _die_with_parent(parent))
     received: list[int] = []
     deadline: float | None = None
 

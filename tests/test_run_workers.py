@@ -1,9 +1,12 @@
 """`corewire run -n auto` (the default): workers by the CPUs this process may use and by
-what the run's frontends cost to start in a worker."""
+what the run's frontends cost to start in a worker; and only corewire's pytest plugins in
+its child."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +37,7 @@ def test_run_passes_auto_workers_with_work_stealing(monkeypatch: pytest.MonkeyPa
                                                     tmp_path: Path) -> None:
     seen: list[list[str]] = []
 
-    def fake_child(argv: list[str], timescale: object) -> int:
+    def fake_child(argv: list[str], timescale: object, env: object = None) -> int:
         seen.append(list(argv))
         return 0
 
@@ -46,3 +49,25 @@ def test_run_passes_auto_workers_with_work_stealing(monkeypatch: pytest.MonkeyPa
     assert auto[auto.index("-n") + 1] == "12"
     assert auto[auto.index("--dist") + 1] == "worksteal"
     assert "-n" not in none and "--dist" not in none
+
+
+def test_plugins_installed_beside_corewire_are_not_loaded(tmp_path: Path) -> None:
+    """A pytest plugin the environment happens to have (here one that would end every
+    session) is not loaded into corewire run's child or its workers; corewire's are."""
+    site = tmp_path / "site"
+    dist = site / "foreign_plugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: foreign-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nforeign = foreign_plugin\n")
+    (site / "foreign_plugin.py").write_text(
+        "def pytest_configure(config):\n    raise SystemExit('foreign plugin loaded')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    probe = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", str(tmp_path)],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert "foreign plugin loaded" in probe.stdout + probe.stderr  # it is installed
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "-k", "abort.burst",
+                           "-n", "1", "--report-dir", str(tmp_path / "r")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (tmp_path / "r" / "results.json").is_file()
