@@ -90,8 +90,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
     timescale = _check_usage(config)
-    if _is_worker(config):
-        worker_exit.install()
     selection.configure_components(config)
     if selection.conformance_only(config) and not _is_worker(config):
         _terminal_is_ours(config)
@@ -359,6 +357,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         run.failfast.remove()
     if config.pluginmanager.is_registered(run):
         config.pluginmanager.unregister(run)
+    if run.worker:
+        worker_exit.install()  # the last exit handler registered: the first to run
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,11 +1,12 @@
 """harness/worker_exit.py: a worker that imported vLLM ends at its last exit handler.
 
 Checked in a child interpreter (the exit is the thing under test): output still buffered is
-written, exit handlers registered after install() run, the interpreter's teardown does not
-(an object's finaliser at teardown never prints), and the exit status stays the
-interpreter's: 0, or 1 after an uncaught exception. A stand-in module named vllm marks the
-process as one that imported vLLM (importing the real one costs ~8 s; the exit does not
-look at it).
+written, every other exit handler runs once, in the usual order, the interpreter's teardown
+does not (an object's finaliser at teardown never prints), and the exit status stays the
+interpreter's: 0, or 1 after an uncaught exception. Where a handler was registered after
+install() (it has run when ours runs), the process exits as usual: nothing runs twice. A
+stand-in module named vllm marks the process as one that imported vLLM (importing the real
+one costs ~8 s; the exit does not look at it).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent("""
     import atexit, sys, types
     from harness import worker_exit
+    atexit.register(lambda: print("|earlier handler ran", end=""))
     worker_exit.install()
     if {vllm!r}:
         sys.modules["vllm"] = types.ModuleType("vllm")
-    atexit.register(lambda: print("later handler ran", end=""))
+    if {later!r}:
+        atexit.register(lambda: print("later handler ran|", end=""))
 
     class Teardown:
         def __del__(self):
@@ -37,12 +40,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("vllm", "fail", "code", "teardown"), [
-    (True, False, 0, False), (True, True, 1, False), (False, False, 0, True)])
-def test_exit_skips_teardown_only_after_vllm(vllm: bool, fail: bool, code: int,
+@pytest.mark.parametrize(("vllm", "fail", "later", "code", "teardown"), [
+    (True, False, False, 0, False), (True, True, False, 1, False),
+    (False, False, False, 0, True), (True, False, True, 0, True)])
+def test_exit_skips_teardown_only_after_vllm(vllm: bool, fail: bool, later: bool, code: int,
                                               teardown: bool) -> None:
-    done = subprocess.run([sys.executable, "-c", CHILD.format(vllm=vllm, fail=fail)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    child = CHILD.format(vllm=vllm, fail=fail, later=later)
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == code, done.stderr
-    assert done.stdout.startswith("buffered later handler ran")
+    ran = "later handler ran||earlier handler ran" if later else "|earlier handler ran"
+    assert done.stdout.startswith("buffered " + ran), done.stdout
+    assert done.stdout.count("handler ran") == (2 if later else 1)
     assert ("teardown ran" in done.stdout) is teardown

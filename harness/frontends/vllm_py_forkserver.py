@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+import warnings
 from multiprocessing import connection, forkserver, resource_tracker
 from typing import Any
 
@@ -114,7 +115,9 @@ def _fork_server_here() -> bool:
         with contextlib.suppress(OSError):
             os.unlink(address)
         return False
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python >= 3.12 warns of any other OS thread (execnet's
+        warnings.simplefilter("ignore", DeprecationWarning)  # reader); checked above
+        pid = os.fork()
     if pid == 0:  # the server: never returns
         _serve(listener.fileno(), alive_r, alive_w)
     os.close(alive_r)
