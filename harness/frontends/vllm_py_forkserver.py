@@ -58,6 +58,9 @@ def coordinator_context() -> multiprocessing.context.BaseContext:
         if not _CONTEXT:
             tracker_was_running = resource_tracker._resource_tracker._pid is not None  # type: ignore[attr-defined]
             context = multiprocessing.get_context("forkserver")
+            # What a spawned server imports: here, and wherever multiprocessing starts one
+            # anew (it does when the server has died).
+            context.set_forkserver_preload([COORDINATOR_MODULE])
             if _fork_server_here():
                 _HOW.append("forked")
             else:
@@ -72,13 +75,12 @@ def coordinator_context() -> multiprocessing.context.BaseContext:
 
 def how_started() -> str:
     """"forked", "spawned", or "" before the first coordinator_context()."""
-    return _HOW[0] if _HOW else ""
+    return _HOW[-1] if _HOW else ""
 
 
 def _spawn_server(context: multiprocessing.context.BaseContext) -> None:
     """multiprocessing's own start: a fresh interpreter that imports the coordinator module,
     waited for through a child that only returns."""
-    context.set_forkserver_preload([COORDINATOR_MODULE])
     probe = context.Process(target=os.getpid, name="corewire-forkserver-ready")  # type: ignore[attr-defined]
     probe.start()
     probe.join(FORKSERVER_START_TIMEOUT)
