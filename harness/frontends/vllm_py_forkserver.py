@@ -29,10 +29,12 @@ import gc
 import multiprocessing
 import multiprocessing.context
 import os
+import select
 import signal
 import socket
 import sys
 import threading
+import time
 import warnings
 from multiprocessing import connection, forkserver, resource_tracker
 from typing import Any
@@ -42,6 +44,7 @@ from harness.leaks import register_session_helper
 
 COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
 FORKSERVER_START_TIMEOUT = 120.0  # a spawned server imports vLLM's coordinator (~5-10 s)
+STOP_TIMEOUT = 10.0  # for the server to go once the session has closed its alive pipe
 # The multiprocessing.forkserver internals the forked server relies on (3.14 adds an
 # authentication key to the server's protocol).
 FORKABLE_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -186,9 +189,54 @@ def _blank_inherited(keep: set[int]) -> None:
 
 
 def _stop_server() -> None:
-    """End the server at session end (the stdlib's `_stop`, the call its own tests use: it
-    closes the alive pipe and waits for the server, forked or spawned alike)."""
+    """End the server at session end, bounded. As the stdlib's `_stop` (the call its own
+    tests use), forked or spawned alike: closing the alive pipe asks the server to go once
+    no coordinator holds a copy. A server still there after STOP_TIMEOUT means a coordinator
+    outlived its case: the server is killed and that is raised, for the leak report."""
     with _LOCK:
-        if _CONTEXT:
-            forkserver._forkserver._stop()  # type: ignore[attr-defined]
-            _CONTEXT.clear()
+        if not _CONTEXT:
+            return
+        _CONTEXT.clear()
+        server: Any = forkserver._forkserver
+        with server._lock:
+            pid = server._forkserver_pid
+            if pid is None:
+                return
+            os.close(server._forkserver_alive_fd)
+            server._forkserver_alive_fd = None
+            ended = _reaped(pid, STOP_TIMEOUT)
+            if not ended:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            server._forkserver_pid = None
+            with contextlib.suppress(OSError):
+                os.unlink(server._forkserver_address)
+            server._forkserver_address = None
+    if not ended:
+        raise RuntimeError(f"the DP coordinators' fork server (pid {pid}) was still serving "
+                           f"{STOP_TIMEOUT:.0f}s after the session ended (a coordinator "
+                           f"outlived its case); killed")
+
+
+def _reaped(pid: int, timeout: float) -> bool:
+    """Wait up to `timeout` for child `pid` to end and reap it; ends on its exit (a pidfd)
+    where the platform has one."""
+    deadline = time.monotonic() + timeout
+    pidfd = -1
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if pidfd >= 0:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(left, 0.02))
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)

@@ -2,11 +2,13 @@
 
 The server is process-wide and made once, so the forked path is checked in a fresh
 interpreter (a script below, ~8 s: it imports vLLM). What it must hold: the server is this
-process's child and forks children in milliseconds; it keeps none of the worker's sockets
-(a listening port held open there would refuse the next bind); a child that writes to a
-stream it inherited from the worker writes nowhere, and the server survives it (before the
-descriptors were blanked instead of closed, such a write landed in the server's alive pipe
-and ended it: "Not at EOF?", every later coordinator then came from a fresh interpreter).
+process's child and forks children in milliseconds; its stop at session end is bounded
+when a coordinator outlives its case (the server is killed and that reported); it keeps
+none of the worker's sockets (a listening port held open there would refuse the next
+bind); a child that writes to a stream it inherited from the worker writes nowhere, and the
+server survives it (before the descriptors were blanked instead of closed, such a write
+landed in the server's alive pipe and ended it: "Not at EOF?", every later coordinator then
+came from a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import os, socket, sys, time
-    from harness.frontends import vllm_py
+    from harness.frontends import vllm_py, vllm_py_forkserver
     from harness.frontends.vllm_py_forkserver import coordinator_context, how_started
     from multiprocessing import forkserver
 
@@ -71,6 +73,24 @@ SCRIPT = textwrap.dedent("""
     probe.join(30)
     assert probe.exitcode == 0 and time.monotonic() - began < 2.0
     assert forkserver._forkserver._forkserver_pid == server, "a second server was made"
+    # A coordinator that outlives its case keeps the server serving: the stop is bounded.
+    lingering = context.Process(target=time.sleep, args=(60,))
+    lingering.start()
+    vllm_py_forkserver.STOP_TIMEOUT = 0.5
+    began = time.monotonic()
+    try:
+        vllm_py_forkserver._stop_server()
+        raise AssertionError("the stop did not report the lingering coordinator")
+    except RuntimeError as exc:
+        assert "still serving" in str(exc), exc
+    assert time.monotonic() - began < 5.0
+    assert forkserver._forkserver._forkserver_pid is None
+    try:
+        os.kill(server, 0)
+        raise AssertionError("the server was not reaped")
+    except ProcessLookupError:
+        pass
+    os.kill(lingering.pid, 9)
     print("OK")
 """)
 
