@@ -39,7 +39,7 @@ class UsageError(Exception):
 
 
 WORKERS_PER_CPU = 6
-WORKERS_PER_CPU_VLLM_PY = 3  # every worker that runs a vllm-py case imports vLLM (~10 CPU-s)
+WORKERS_PER_CPU_VLLM_PY = 3  # every worker that runs a vllm-py case imports vLLM (~8 CPU-s)
 MAX_AUTO_WORKERS = 16
 
 
@@ -48,7 +48,7 @@ def default_workers(frontends: list[str]) -> str:
     CPU-s on 2 CPUs), so several workers per CPU; fewer when vllm-py is in the run, whose
     per-worker vLLM import turns extra workers into CPU work. Measured on 2 CPUs
     (docs/benchmarks.md): reference + kv + ec 67 s at 2 workers, 21 s at 8, 18 s at 12;
-    vllm-py 152 s at 2, 103 s at 6, 110 s at 8, 140 s at 12."""
+    vllm-py 155 s at 2, 67-75 s at 6, 82 s at 8, 94 s at 4."""
     from harness.frontends import naming
     from harness.frontends.registry import parse_spec
 

@@ -34,7 +34,7 @@ import pytest
 from harness import failfast, interrupts, selection, shard, worker_exit
 from harness.baseline import Baseline, BaselineError, apply_baseline
 from harness.frontends import naming
-from harness.frontends.registry import check_spec, make_driver, parse_spec
+from harness.frontends.registry import check_spec, make_driver, parse_spec, spec_profile
 from harness.report.bounds import bound_result
 from harness.report.dirlock import ReportDirLock
 from harness.report.evidence import evidence_text
@@ -239,8 +239,6 @@ def _frontend_profiles(run: CorewireSession) -> dict[str, ProtocolProfile]:
     """The profile each wire frontend's engines spoke, as CaseContext chose it: the run's
     --profile, else the one the frontend's driver declares (vllm-rs@X), else vllm-0.33
     (component units speak no wire protocol)."""
-    from harness.frontends.registry import parse_spec, spec_profile
-
     return {f.name: run.profile or spec_profile(f.spec) or VLLM_0_33 for f in run.frontends
             if not parse_spec(f.spec).is_component}
 
