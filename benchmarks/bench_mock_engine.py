@@ -36,10 +36,10 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.bench.proc import thread_cpu  # noqa: E402
-from harness.transport.endpoints import PrivateIpcDir  # noqa: E402
-from harness.transport.sockets import make_socket  # noqa: E402
-from harness.wire import DEFAULT_CODEC  # noqa: E402
-from harness.wire import messages as m  # noqa: E402
+from harness.protocol.transport.endpoints import PrivateIpcDir  # noqa: E402
+from harness.protocol.transport.sockets import make_socket  # noqa: E402
+from harness.protocol.wire import DEFAULT_CODEC  # noqa: E402
+from harness.protocol.wire import messages as m  # noqa: E402
 from mock_engines import EngineGroup, EngineScript  # noqa: E402
 from mock_engines.loadgen import LoadMode  # noqa: E402
 

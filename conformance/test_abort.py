@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, requests_for, trickle
-from harness.frontends.driver import Capability, FrontendError, StreamHandle
-from harness.grounds import both, differ, engine, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for, requests_for, trickle
+from harness.frontends.api import Capability, FrontendError, StreamHandle
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request, by_prompt, stream
 

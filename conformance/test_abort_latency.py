@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability
-from harness.grounds import both, engine, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for
+from harness.frontends.api import Capability
+from harness.results.records import Level
 from mock_engines.script import EngineScript, any_request
 
 # ----------------------------------------------------------------- abort latency

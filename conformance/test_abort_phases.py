@@ -38,19 +38,20 @@ from conformance.test_abort import (
     _settle_aborts,
     _wait_aborted,
 )
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, requests_for, trickle
-from harness.frontends.driver import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for, requests_for, trickle
+from harness.frontends.api import (
     Capability,
     FrontendError,
     StreamHandle,
     UnsupportedOperation,
 )
-from harness.grounds import both, engine, py, rs
-from harness.verdicts import Level, case
-from harness.vocab import detokenize
-from harness.wire import AbortRequests, AddRequest
-from harness.wire import messages as m
+from harness.protocol.vocab import detokenize
+from harness.protocol.wire import AbortRequests, AddRequest
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import (
     Die,

@@ -8,11 +8,12 @@ sessions at all (every request it builds is resumable: false): UNSUPPORTED there
 
 from __future__ import annotations
 
-from harness.case_context import CaseContext
-from harness.frontends.driver import Capability
-from harness.grounds import engine, only, py, rs
-from harness.sessionkit import finish_segment, open_first_segment, scripts
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import engine, only, py, rs
+from harness.cases.resumable import finish_segment, open_first_segment, scripts
+from harness.frontends.api import Capability
+from harness.results.records import Level
 
 NEEDS = [Capability.STREAMING_INPUT, Capability.DROP]
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import UTILITY_GIVE_UP_S, hold, prompt, requests_for
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import both, defect, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, defect, differ, engine, py, recommendation, rs
+from harness.cases.helpers import UTILITY_GIVE_UP_S, hold, prompt, requests_for
+from harness.frontends.api import Capability, FrontendError
+from harness.results.records import Level
 from mock_engines.script import EngineScript, UtilityReply, any_request
 
 CC = "vllm/v1/engine/core_client.py"
@@ -284,7 +285,7 @@ async def never_answered(ctx: CaseContext) -> None:
                "(crash); rust drops the reply with a warning (imp.rs:259, 521)"),
       needs=SLEEP)
 async def unsolicited_reply(ctx: CaseContext) -> None:
-    from harness.wire import messages as m
+    from harness.protocol.wire import messages as m
 
     group = await ctx.start(1)
     stray = m.EngineCoreOutputs(0, [], None, 1.0, m.UtilityOutput(

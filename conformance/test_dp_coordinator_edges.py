@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import re
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, require_refused_later, routed_engine
-from harness.frontends.driver import Capability, StreamHandle
-from harness.grounds import both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import hold, prompt, request_for, require_refused_later, routed_engine
+from harness.frontends.api import Capability, StreamHandle
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request
 

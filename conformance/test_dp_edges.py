@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, routed_engine
-from harness.frontends.driver import Capability
-from harness.grounds import both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import hold, prompt, routed_engine
+from harness.frontends.api import Capability
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import EngineScript, any_request
 
 CC = "vllm/v1/engine/core_client.py"

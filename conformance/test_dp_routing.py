@@ -17,12 +17,13 @@ holds in both (MUST).
 
 from __future__ import annotations
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, requests_for
-from harness.frontends.driver import Capability, FrontendError, StreamHandle
-from harness.grounds import both, differ, engine, py, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for, requests_for
+from harness.frontends.api import Capability, FrontendError, StreamHandle
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import Emit, EngineScript, Finish, any_request, by_prompt
 

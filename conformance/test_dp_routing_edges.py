@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import re
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import differ, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import differ, py, rs
+from harness.cases.helpers import prompt
+from harness.frontends.api import Capability, FrontendError
+from harness.results.records import Level
 
 _PY_NAMES = (
     py("vllm/v1/engine/input_processor.py:396",

@@ -13,12 +13,13 @@ coordinator, engines send `wave_complete` / `start_wave` only to it (`core.py:20
 
 from __future__ import annotations
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for, requests_for, require_refused_later
-from harness.frontends.driver import Capability
-from harness.grounds import both, differ, engine, py, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for, requests_for, require_refused_later
+from harness.frontends.api import Capability
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, requests_for
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import both, defect, engine, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, defect, engine, py, recommendation, rs
+from harness.cases.helpers import hold, prompt, requests_for
+from harness.frontends.api import Capability, FrontendError
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import EngineScript, Finish, any_request, by_prompt, stream
 
 ERROR_FINISH = both(

@@ -19,13 +19,14 @@ from collections.abc import Callable
 
 import msgspec
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt
-from harness.frontends.driver import Capability, FrontendError, StreamHandle
-from harness.grounds import both, defect, engine, py, rs
-from harness.verdicts import Level, case
-from harness.wire import WireCodec
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, defect, engine, py, rs
+from harness.cases.helpers import hold, prompt
+from harness.frontends.api import Capability, FrontendError, StreamHandle
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
 

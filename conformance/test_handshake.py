@@ -12,11 +12,12 @@ import time
 
 import msgspec
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, StartupError
-from harness.grounds import both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import prompt
+from harness.frontends.api import Capability, StartupError
+from harness.results.records import Level
 from mock_engines.script import EngineScript, default_ready
 
 CC = "vllm/v1/engine/core_client.py"

@@ -14,11 +14,12 @@ from __future__ import annotations
 import re
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import names_engine
-from harness.frontends.driver import StartupError, StartupHang
-from harness.grounds import both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import names_engine
+from harness.frontends.api import StartupError, StartupHang
+from harness.results.records import Level
 from mock_engines.script import EngineScript
 
 UT = "vllm/v1/engine/utils.py"

@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability, StartupError, StartupHang
-from harness.grounds import both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import prompt, request_for
+from harness.frontends.api import Capability, StartupError, StartupHang
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 

@@ -19,12 +19,13 @@ import re
 
 import msgspec
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, names_engine, prompt
-from harness.frontends.driver import Capability, FrontendError, StartupError, StartupHang
-from harness.grounds import both, differ, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, py, recommendation, rs
+from harness.cases.helpers import hold, names_engine, prompt
+from harness.frontends.api import Capability, FrontendError, StartupError, StartupHang
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import EngineScript, any_request, default_ready
 
 CC = "vllm/v1/engine/core_client.py"

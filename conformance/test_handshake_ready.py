@@ -15,11 +15,12 @@ import re
 import time
 
 from conformance.test_handshake import GPU_BLOCKS_SUM, MAX_LEN_MIN
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability, StartupError
-from harness.grounds import both, engine, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, rs
+from harness.cases.helpers import hold, prompt, request_for
+from harness.frontends.api import Capability, StartupError
+from harness.results.records import Level
 from mock_engines.script import EngineScript, any_request, default_ready
 
 CC = "vllm/v1/engine/core_client.py"

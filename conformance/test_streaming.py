@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability
-from harness.grounds import both, py, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, py, rs
+from harness.cases.helpers import prompt
+from harness.frontends.api import Capability
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, Garbage, Step, by_prompt, stream
 
 GEN = [Capability.GENERATE]
@@ -171,7 +172,7 @@ async def finish_repetition(ctx: CaseContext) -> None:
       "Outputs for request ids the frontend does not know are ignored.", grounds=UNKNOWN_ID,
       needs=GEN)
 async def unknown_id(ctx: CaseContext) -> None:
-    from harness.wire import codec_for
+    from harness.protocol.wire import codec_for
 
     ghost = codec_for(ctx.profile).encode_outputs(m.EngineCoreOutputs(
         0, [m.EngineCoreOutput("ghost-request", [555], finish_reason=F.LENGTH)], None, 1.0))
@@ -188,7 +189,7 @@ async def unknown_id(ctx: CaseContext) -> None:
       "are ignored: the live stream gets exactly its own tokens.", grounds=UNKNOWN_ID,
       needs=GEN)
 async def related_ids(ctx: CaseContext) -> None:
-    from harness.wire import codec_for
+    from harness.protocol.wire import codec_for
 
     codec = codec_for(ctx.profile)
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import both, engine, only, py, rs
-from harness.sessionkit import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, only, py, rs
+from harness.cases.helpers import prompt, request_for
+from harness.cases.resumable import (
     finish_segment,
     open_first_segment,
     scripts,
@@ -26,8 +26,9 @@ from harness.sessionkit import (
     session_adds,
     session_id,
 )
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.frontends.api import Capability, FrontendError
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
 
 F = m.FinishReason

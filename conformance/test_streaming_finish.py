@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability, StreamHandle
-from harness.grounds import both, py, rs
-from harness.verdicts import Level, case
-from harness.vocab import EOS_TOKEN_ID
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, py, rs
+from harness.cases.helpers import prompt, request_for
+from harness.frontends.api import Capability, StreamHandle
+from harness.protocol.vocab import EOS_TOKEN_ID
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, Rule, Step, by_prompt
 
 F = m.FinishReason

@@ -15,12 +15,13 @@ import array
 
 import msgspec
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability
-from harness.grounds import both, engine, py, rs
-from harness.verdicts import Level, case
-from harness.wire.codec import AddRequest
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, rs
+from harness.cases.helpers import prompt
+from harness.frontends.api import Capability
+from harness.protocol.wire.codec import AddRequest
+from harness.results.records import Level
 from mock_engines.script import EngineScript, by_prompt, stream
 
 # A tensor of at least VLLM_MSGPACK_ZERO_COPY_THRESHOLD (256) bytes leaves the payload for an

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt, request_for
-from harness.frontends.driver import Capability, FrontendError, Sampling, StreamHandle
-from harness.grounds import both, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, py, rs
+from harness.cases.helpers import prompt, request_for
+from harness.frontends.api import Capability, FrontendError, Sampling, StreamHandle
+from harness.results.records import Level
 from mock_engines.script import (
     DEFAULT_MAX_MODEL_LEN,
     Emit,

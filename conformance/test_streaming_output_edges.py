@@ -10,12 +10,13 @@ meant for the user ("Generation is paused, retry"): a port that ends the stream 
 
 from __future__ import annotations
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, StreamHandle, UnsupportedOperation
-from harness.grounds import both, engine, py, rs
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, rs
+from harness.cases.helpers import prompt
+from harness.frontends.api import Capability, StreamHandle, UnsupportedOperation
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, Step, by_prompt, stream
 
 F = m.FinishReason

@@ -21,20 +21,21 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, Sampling
-from harness.grounds import both, engine, only, py, rs
-from harness.sessionkit import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, only, py, rs
+from harness.cases.helpers import prompt
+from harness.cases.resumable import (
     finish_segment,
     open_first_segment,
     scripts,
     segment_prompt,
     session_adds,
 )
-from harness.verdicts import Level, case
-from harness.vocab import EOS_TOKEN_ID
-from harness.wire import messages as m
+from harness.frontends.api import Capability, Sampling
+from harness.protocol.vocab import EOS_TOKEN_ID
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 

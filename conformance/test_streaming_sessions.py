@@ -9,10 +9,10 @@ X-Session-ID only fills EngineCoreRequest.session_id), so these cases are UNSUPP
 
 from __future__ import annotations
 
-from harness.case_context import CaseContext
-from harness.frontends.driver import Capability
-from harness.grounds import engine, only, py, rs
-from harness.sessionkit import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import engine, only, py, rs
+from harness.cases.resumable import (
     F,
     finish_segment,
     open_first_segment,
@@ -21,8 +21,9 @@ from harness.sessionkit import (
     segment_tokens,
     session_adds,
 )
-from harness.verdicts import Level, case
-from harness.wire import messages as m
+from harness.frontends.api import Capability
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, by_prompt
 
 NEEDS = [Capability.STREAMING_INPUT]

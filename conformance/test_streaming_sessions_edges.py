@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import re
 
-from harness.case_context import CaseContext
-from harness.casekit import prompt
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import both, engine, py, recommendation, rs
-from harness.sessionkit import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, engine, py, recommendation, rs
+from harness.cases.helpers import prompt
+from harness.cases.resumable import (
     F,
     finish_segment,
     open_first_segment,
     segment_prompt,
     session_adds,
 )
-from harness.verdicts import Level, case
+from harness.frontends.api import Capability, FrontendError
+from harness.results.records import Level
 from mock_engines.script import Emit, EngineScript, Finish, by_prompt, stream
 
 # Neither 0.33.0 frontend has a continue/close call that can refuse: corewire's advice.

@@ -9,13 +9,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
-from harness.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
-from harness.vllm_dist import tiny_lora_dir
-from harness.wire import messages as m
+from harness.artefacts.vllm_dist import tiny_lora_dir
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import hold, prompt, request_for
+from harness.frontends.api import Capability, FrontendError, UnsupportedOperation
+from harness.protocol.wire import messages as m
+from harness.results.records import Level
 from mock_engines.group import EngineGroup
 from mock_engines.script import (
     EngineScript,

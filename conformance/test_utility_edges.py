@@ -15,11 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conformance.test_utility import CALL, LORA
-from harness.case_context import CaseContext
-from harness.casekit import UTILITY_GIVE_UP_S, same_value
-from harness.frontends.driver import Capability, FrontendError
-from harness.grounds import Grounds, both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import Grounds, both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import UTILITY_GIVE_UP_S, same_value
+from harness.frontends.api import Capability, FrontendError
+from harness.results.records import Level
 from mock_engines.script import EngineScript, UtilityReply, default_ready
 
 _CC = "vllm/v1/engine/core_client.py"

@@ -20,11 +20,12 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
-from harness.case_context import CaseContext
-from harness.casekit import hold, prompt
-from harness.frontends.driver import Capability, FrontendError, UnsupportedOperation
-from harness.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import Basis, Grounds, both, differ, engine, py, recommendation, rs
+from harness.cases.helpers import hold, prompt
+from harness.frontends.api import Capability, FrontendError, UnsupportedOperation
+from harness.results.records import Level
 from mock_engines.group import MockEngine
 from mock_engines.script import EngineScript, UtilityReply, any_request
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.case_context import CaseContext
-from harness.casekit import same_value
-from harness.frontends.driver import Capability
-from harness.grounds import both, differ, engine, py, rs
-from harness.verdicts import Level, case
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
+from harness.cases.grounds import both, differ, engine, py, rs
+from harness.cases.helpers import same_value
+from harness.frontends.api import Capability
+from harness.results.records import Level
 from mock_engines.script import EngineScript, UtilityReply
 
 _CC = "vllm/v1/engine/core_client.py"

@@ -26,7 +26,7 @@ _INSTALLED_FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _CHECKOUT_FIXTURES = IMPORT_ROOT / "fixtures"
 # The file `corewire run` hands its pytest child (-c): its configuration, whatever
 # project surrounds the installed cases.
-RUN_INI = Path(__file__).resolve().parent / "corewire_run.ini"
+RUN_INI = Path(__file__).resolve().parent / "run" / "corewire_run.ini"
 
 
 class MissingInstallError(RuntimeError):

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import zmq
 
-from harness.transport.sockets import engine_identity, make_socket
-from harness.wire import ProtocolError
-from harness.wire import messages as m
+from harness.protocol.transport.sockets import engine_identity, make_socket
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
 from mock_engines.engine import MockEngineCore
 from mock_engines.transcript import Record
 

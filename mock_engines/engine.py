@@ -8,7 +8,7 @@ Like vLLM's engine it emits at most one step per request per `poll()` and batche
 requests that are due in one step into one `EngineCoreOutputs` per client.
 
 Each request id has one `Phase`, moved only through the ENGINE table of
-harness/lifecycle.py. What the frontend sends that the table refuses (a duplicate ADD of
+harness/protocol/lifecycle.py. What the frontend sends that the table refuses (a duplicate ADD of
 a live id, an ABORT of an ended or unknown id) is the frontend's doing: kept in `refused`
 (the transcript keeps the frame itself) and otherwise ignored, never a crash. Load mode's
 requests are the pre-encoded stepper's own (mock_engines/loadgen.py), outside the table:
@@ -22,8 +22,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from harness.lifecycle import Event, LifecycleError, Phase, Role, next_phase
-from harness.wire import (
+from harness.protocol.lifecycle import Event, LifecycleError, Phase, Role, next_phase
+from harness.protocol.wire import (
     DEFAULT_CODEC,
     AbortRequests,
     AddRequest,
@@ -32,7 +32,7 @@ from harness.wire import (
     WireCodec,
     codec_for,
 )
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 from mock_engines.loadgen import LoadStepper
 from mock_engines.script import (
     Die,

@@ -17,9 +17,9 @@ from types import TracebackType
 
 import zmq
 
-from harness.transport.sockets import make_socket
-from harness.wire import DEFAULT_CODEC, ProtocolProfile, WireCodec
-from harness.wire import messages as m
+from harness.protocol.transport.sockets import make_socket
+from harness.protocol.wire import DEFAULT_CODEC, ProtocolProfile, WireCodec
+from harness.protocol.wire import messages as m
 from mock_engines.engine import MockEngineCore, resolve_codec, scripted_load
 from mock_engines.runner import Bootstrapped, Connection, EngineRunner, Handshake
 from mock_engines.script import EngineScript

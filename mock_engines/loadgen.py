@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from harness.wire import WireCodec
-from harness.wire import messages as m
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
 
 _TOKEN_MARK = 0xBEEF  # encodes as cd be ef: easy to find in a template, never a real token
 _TIME_MARK = 1234.5  # a float64 whose 9 encoded bytes mark the timestamp's place

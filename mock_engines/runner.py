@@ -16,9 +16,9 @@ from typing import Any, cast
 
 import zmq
 
-from harness.transport.sockets import drain, engine_identity, make_socket
-from harness.wire import ProtocolError
-from harness.wire import messages as m
+from harness.protocol.transport.sockets import drain, engine_identity, make_socket
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
 from mock_engines.coordinator_link import CoordinatorLink
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore, Outgoing
 from mock_engines.mailbox import Mailbox

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 from mock_engines.loadgen import LoadMode
 
 # ----------------------------------------------------------------- output steps

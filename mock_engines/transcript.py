@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.timing import poll_until
-from harness.wire import (
+from harness.protocol.timing import poll_until
+from harness.protocol.wire import (
     DEFAULT_CODEC,
     AbortRequests,
     AddRequest,
@@ -21,7 +21,7 @@ from harness.wire import (
     WireCodec,
     to_jsonable,
 )
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 
 Direction = Literal["in", "out"]
 Channel = Literal["input", "output", "ready", "handshake", "coordinator", "fault"]

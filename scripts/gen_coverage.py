@@ -2,8 +2,9 @@
 
 The map is data (fixtures/coverage/vllm-0.33.0.json, one entry per upstream test, beside
 checked-in lists of the upstream test names); the case side is read from the code: every
-conformance module is imported and each function's ``__corewire_case__`` spec gives the id
-and level. So a case that is renamed or removed shows up here (and fails
+conformance module is imported and each declared case
+(harness.cases.declaration.module_cases) gives the id and level. So a case that is
+renamed or removed shows up here (and fails
 tests/test_coverage_map.py) instead of leaving a stale claim in the docs.
 
     .venv/bin/python scripts/gen_coverage.py            # rewrite docs/coverage.md
@@ -25,8 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.report.dimensions import load_cells, render_grids  # noqa: E402
-from harness.report.fields import load_fields, render_fields  # noqa: E402
+from harness.results.dimensions import load_cells, render_grids  # noqa: E402
+from harness.results.fields import load_fields, render_fields  # noqa: E402
 
 MAP_PATH = ROOT / "fixtures" / "coverage" / "vllm-0.33.0.json"
 FIELDS_PATH = ROOT / "fixtures" / "coverage" / "fields-0.33.0.toml"
@@ -152,7 +153,7 @@ def collect_case_levels(root: Path = ROOT) -> dict[str, str]:
     """Every conformance case id -> its level, read from the decorated functions."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from harness.case_index import case_specs
+    from harness.cases.index import case_specs
 
     return {case_id: spec.level.value for case_id, (spec, _) in case_specs(root).items()}
 
@@ -182,7 +183,7 @@ def _summary(tests: list[UpstreamTest]) -> str:
 
 def render(cmap: CoverageMap, levels: dict[str, str], field_lines: Sequence[str] = ()) -> str:
     """docs/coverage.md as a string (deterministic: map order, no timestamps); the field
-    table (harness.report.fields) goes last."""
+    table (harness.results.fields) goes last."""
     out = [
         f"# Coverage of vLLM {cmap.vllm_version}'s own client tests",
         "",

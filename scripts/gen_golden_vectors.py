@@ -1,6 +1,7 @@
 """Regenerate fixtures/wire: golden frame vectors produced by vLLM 0.33.0 itself.
 
-Our codec (harness/wire) was written from protocol facts; these vectors are the check that it
+Our codec (harness/protocol/wire) was written from protocol facts; these
+vectors are the check that it
 matches the real implementation byte for byte. Every vector is built from real vLLM objects
 (EngineCoreRequest, SamplingParams, EngineCoreOutputs, UtilityResult, the ready-response and
 handshake dataclasses, ...) and encoded the way vLLM encodes it on that socket: with
@@ -40,7 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "fixtures" / "wire"
 EXPECTED_VLLM = "0.33.0"
 
-# Which decode function of harness.wire.WireCodec applies to a vector.
+# Which decode function of harness.protocol.wire.WireCodec applies to a vector.
 KINDS = ("engine_input", "outputs", "ready", "handshake_status", "init", "dp_stats", "dead")
 
 

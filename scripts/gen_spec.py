@@ -1,4 +1,4 @@
-"""Generate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0 (harness.report.spec).
+"""Generate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0 (harness.results.spec).
 
     .venv/bin/python scripts/gen_spec.py            # rewrite docs/spec.md
     .venv/bin/python scripts/gen_spec.py --check    # exit 1 if docs/spec.md is stale
@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.case_index import wire_specs  # noqa: E402
-from harness.report.spec import render_spec  # noqa: E402
+from harness.cases.index import wire_specs  # noqa: E402
+from harness.results.spec import render_spec  # noqa: E402
 
 PROFILE = ROOT / "fixtures" / "profiles" / "vllm-0.33.0.json"
 DOC = ROOT / "docs" / "spec.md"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.baseline import Baseline, BaselineEntry  # noqa: E402
-from harness.case_index import wire_specs  # noqa: E402
-from harness.grounds import Grounds, Impl  # noqa: E402
-from harness.report.schema import read_results  # noqa: E402
+from harness.cases.grounds import Grounds, Impl  # noqa: E402
+from harness.cases.index import wire_specs  # noqa: E402
+from harness.results.baseline import Baseline, BaselineEntry  # noqa: E402
+from harness.results.schema import read_results  # noqa: E402
 
 BASELINE = Path(__file__).resolve().parent.parent / "fixtures" / "baselines" / "vllm-0.33.json"
 OWN = {"vllm-py": (Impl.PYTHON, Impl.ENGINE), "vllm-rs": (Impl.RUST, Impl.ENGINE)}

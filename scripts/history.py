@@ -2,7 +2,7 @@
 
 One pytest run per release (`--frontend vllm-rs@X`, results in reports/history/X/), then the
 matrix is rendered from those results.json files. `--skew` runs the version-skew grid instead
-(harness/report/skew.py: a few cases for every frontend x engine profile, results in
+(harness/results/skew.py: a few cases for every frontend x engine profile, results in
 reports/history/skew/<frontend>/<profile>/). `--render-only` skips the runs (re-renders what
 reports/history/ holds, skew included); `-k` narrows the cases (for trying it out).
 """
@@ -19,9 +19,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.frontends.vllm_rs_releases import RELEASES  # noqa: E402
-from harness.report.history import render_history  # noqa: E402
-from harness.report.skew import (  # noqa: E402
+from harness.frontends.vllm_rs.releases import RELEASES  # noqa: E402
+from harness.results.history import render_history  # noqa: E402
+from harness.results.skew import (  # noqa: E402
     SKEW_RELEASES,
     frontend_dir,
     load_skew,

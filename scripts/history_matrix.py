@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.frontends.mutants import HISTORY_MUTANTS  # noqa: E402
-from harness.report.killmatrix import HARMLESS, PREFIX  # noqa: E402
-from harness.report.writer import load_results  # noqa: E402
+from harness.results.killmatrix import HARMLESS, PREFIX  # noqa: E402
+from harness.results.writer import load_results  # noqa: E402
 
 RECORD = ROOT / "fixtures" / "history-mutants.json"
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS  # noqa: E402
-from harness.report.killmatrix import (  # noqa: E402
+from harness.results.killmatrix import (  # noqa: E402
     HARMLESS,
     Kill,
     KillMatrix,

@@ -4,7 +4,7 @@ Each run is `corewire run --frontend F... -n W` into reports/soak/run-NN/; a bus
 process per CPU (`--load-procs`, `--load-nice`) keeps every core loaded for the whole soak.
 Every run is recorded as one line of reports/soak/log.jsonl as soon as it ends, so an
 interrupted soak keeps what it measured (`--render-only` re-renders the log). The verdicts of
-each run are compared with run 1's (harness/report/soak.py); the exit code is 0 only when
+each run are compared with run 1's (harness/results/soak.py); the exit code is 0 only when
 every run is identical.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.report.soak import SoakRun, compare, read_log, render_soak, verdicts_of  # noqa: E402
+from harness.results.soak import SoakRun, compare, read_log, render_soak, verdicts_of  # noqa: E402
 
 BUSY_LOOP = "import os, sys\nos.nice(int(sys.argv[1]))\nwhile True:\n    pass\n"
 

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from harness.case_context import run_case
+from harness.cases.context import run_case
+from harness.cases.declaration import CaseFn, CaseSpec, module_cases
 from harness.frontends.no_frontend import NoFrontend
-from harness.verdicts import CaseFn, CaseResult, CaseSpec, Verdict
+from harness.results.records import CaseResult, Verdict
 from tests.timescale import TIMESCALE
 
 CAUGHT = (Verdict.FAIL, Verdict.TIMEOUT)
@@ -43,8 +44,8 @@ class ComponentSuite:
 
     @property
     def cases(self) -> list[tuple[CaseSpec, CaseFn]]:
-        return sorted(((fn.__corewire_case__, fn) for fn in vars(self.module).values()
-                       if hasattr(fn, "__corewire_case__")), key=lambda item: item[0].case_id)
+        return sorted(((d.spec, d.run) for d in module_cases(vars(self.module))),
+                      key=lambda item: item[0].case_id)
 
     def run(self, component: str, cases: Sequence[tuple[CaseSpec, CaseFn]] | None = None
             ) -> dict[str, CaseResult]:

@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from harness.case_context import CaseContext
-from harness.frontends.driver import (
+from harness.cases.context import CaseContext
+from harness.cases.declaration import CaseSpec
+from harness.frontends.api import (
     FrontendDriver,
     ObservedConfig,
     StreamHandle,
     UnsupportedOperation,
 )
-from harness.verdicts import CaseSpec, Level
+from harness.results.records import Level
 
 if TYPE_CHECKING:
-    from harness.frontends.engine_side import EngineSide
+    from harness.frontends.api import EngineSide
 
 SPEC = CaseSpec("streaming.smoke.leaky", Level.MUST, "a driver that leaks", "tests")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.frontends.reference.core import ReferenceFrontendCore
-from harness.transport.sockets import engine_identity
-from harness.wire import DEFAULT_CODEC
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.wire import DEFAULT_CODEC
 from mock_engines.engine import MockEngineCore
 from mock_engines.script import EngineScript, default_ready
 

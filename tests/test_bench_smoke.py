@@ -20,7 +20,7 @@ from harness.bench import SCENARIOS, BenchOptions, run_bench
 from harness.bench.gate import compare
 from harness.bench.model import BUSY_LIMIT, SCHEMA, percentile
 from harness.bench.report import render_markdown, write_json, write_markdown, write_plots
-from harness.cli import main
+from harness.run.cli import main
 
 TINY = BenchOptions(concurrency=(1, 4), tokens_per_request=8, warmup_s=0.05, window_s=0.2,
                     repeat=2, latency_streams=2, latency_step_interval_s=0.01,

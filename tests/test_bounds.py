@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.bounds import (
+from harness.results.bounds import (
     EXCERPT_TEXT_LIMIT,
     LIST_LIMIT,
     ROW_LIMIT,
@@ -15,8 +15,8 @@ from harness.report.bounds import (
     clip_text,
     clip_value,
 )
-from harness.report.schema import encode_result
-from harness.verdicts import CaseResult, Evidence, Verdict
+from harness.results.records import CaseResult, Evidence, Verdict
+from harness.results.schema import encode_result
 
 
 def test_small_values_are_untouched() -> None:
@@ -66,7 +66,7 @@ def test_a_hostile_row_stays_under_the_row_limit() -> None:
 
 def test_reports_are_written_atomically(tmp_path: Path) -> None:
     """A write that fails midway (a full disk) leaves the previous file, not half a file."""
-    from harness.report import writer
+    from harness.results import writer
 
     target = tmp_path / "results.json"
     target.write_text("previous")
@@ -91,7 +91,7 @@ def test_reports_are_written_atomically(tmp_path: Path) -> None:
 
 
 def test_a_baseline_nested_too_deep_is_a_baseline_error(tmp_path: Path) -> None:
-    from harness.baseline import Baseline, BaselineError
+    from harness.results.baseline import Baseline, BaselineError
 
     path = tmp_path / "baseline.json"
     path.write_text('{"entries": ' + "[" * 100_000 + "]" * 100_000 + "}")

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.casekit import prompt, request_for, requests_for, same_value
-from harness.wire import DEFAULT_CODEC, AddRequest
-from harness.wire import messages as m
+from harness.cases.helpers import prompt, request_for, requests_for, same_value
+from harness.protocol.wire import DEFAULT_CODEC, AddRequest
+from harness.protocol.wire import messages as m
 from mock_engines.transcript import MergedTranscript, Record, Transcript
 
 STREAMS = 400

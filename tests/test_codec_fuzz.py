@@ -23,10 +23,10 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.transport.endpoints import PrivateIpcDir
-from harness.transport.sockets import make_socket
-from harness.wire import DEFAULT_CODEC, AddRequest, ProtocolError
-from harness.wire import messages as m
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.transport.sockets import make_socket
+from harness.protocol.wire import DEFAULT_CODEC, AddRequest, ProtocolError
+from harness.protocol.wire import messages as m
 from mock_engines import EngineGroup, EngineScript, MockEngineCore, default_ready, stream
 
 C = DEFAULT_CODEC

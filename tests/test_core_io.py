@@ -1,4 +1,4 @@
-"""harness/frontends/core_io.py: the waiter and drain logic both transports share.
+"""harness/frontends/reference/waiters.py: the waiter and drain logic both transports share.
 
 Checked on a real `ReferenceFrontendCore` with real frames (no sockets: the module has none).
 """
@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from harness.frontends.core_io import (
+from harness.frontends.reference.core import MAX_ABORT_BATCH, EngineDeadError, ReferenceFrontendCore
+from harness.frontends.reference.waiters import (
     SyncWaiter,
     UtilityWaiters,
     drain_pass,
     no_reply,
     take_output,
 )
-from harness.frontends.reference.core import MAX_ABORT_BATCH, EngineDeadError, ReferenceFrontendCore
-from harness.transport.sockets import engine_identity
-from harness.wire import DEFAULT_CODEC
-from harness.wire import messages as m
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.wire import DEFAULT_CODEC
+from harness.protocol.wire import messages as m
 from tests.reference_cores import ready_core
 
 RANKS = (0, 1)

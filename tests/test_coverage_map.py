@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness.verdicts import AREAS, CASE_ID
+from harness.cases.declaration import AREAS, CASE_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,7 +130,7 @@ def test_docs_coverage_md_is_up_to_date(cmap: Any, levels: dict[str, str]) -> No
 
 
 def _field_inputs() -> tuple[list[Any], list[tuple[str, str]], dict[str, list[str]]]:
-    from harness.report.fields import expected_fields, load_fields
+    from harness.results.fields import expected_fields, load_fields
 
     rows = load_fields(gen.FIELDS_PATH)
     profile = json.loads((ROOT / "fixtures" / "profiles" / "vllm-0.33.0.json").read_text())
@@ -143,7 +143,7 @@ def test_the_field_table_covers_every_field_and_proves_its_mutants() -> None:
     """Every field of the 0.33.0 profile's structs and of the other messages has one row;
     every case named exists; a row without a case says why; every mutant a row names is
     caught by one of that row's cases in the kill matrix (a claimed check is a proven one)."""
-    from harness.report.fields import field_problems
+    from harness.results.fields import field_problems
 
     rows, expected, caught_by = _field_inputs()
     assert len(expected) == len(set(expected)) > 100
@@ -155,7 +155,7 @@ def test_the_field_checker_fails_what_it_should() -> None:
     row without a reason and a mutant none of its cases catch are each reported."""
     from dataclasses import replace
 
-    from harness.report.fields import field_problems
+    from harness.results.fields import field_problems
 
     rows, expected, caught_by = _field_inputs()
     levels = gen.collect_case_levels()
@@ -178,7 +178,7 @@ def test_the_field_checker_fails_what_it_should() -> None:
 def test_the_dimension_grids_are_complete_and_explained() -> None:
     """Every area x dimension has a cell per value (or one n/a cell), every case named
     exists, every empty cell says why, and docs/dimensions.md is what the data renders."""
-    from harness.report.dimensions import grid_problems, load_cells
+    from harness.results.dimensions import grid_problems, load_cells
 
     levels = gen.collect_case_levels()
     cells = load_cells(gen.GRIDS_PATH)
@@ -190,7 +190,7 @@ def test_the_dimension_grids_are_complete_and_explained() -> None:
 def test_the_grid_checker_fails_what_it_should() -> None:
     from dataclasses import replace
 
-    from harness.report.dimensions import grid_problems, load_cells
+    from harness.results.dimensions import grid_problems, load_cells
 
     levels = gen.collect_case_levels()
     cells = load_cells(gen.GRIDS_PATH)

@@ -1,4 +1,4 @@
-"""A report dir that fills up mid-run (harness/report/failsafe.py): every report file is
+"""A report dir that fills up mid-run (harness/results/failsafe.py): every report file is
 whole or absent, never empty or cut; the terminal still gets the verdicts and one line per
 file not written with its path and errno; the run exits 6 (docs/cli.md); no traceback.
 
@@ -38,7 +38,7 @@ def run_limited(reports: Path, limit: int) -> subprocess.CompletedProcess[str]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "-n", "0", "-k", CASE, "--frontend",
+        [sys.executable, "-m", "harness.run.cli", "run", "-n", "0", "-k", CASE, "--frontend",
          FAILING, "--frontend", "reference", "--report-dir", str(reports),
          "--", "-v"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
@@ -65,6 +65,6 @@ def test_a_full_report_dir_is_said_not_a_traceback(tmp_path: Path, limit: int,
     # Nothing half-written: no partial file, and what was written is whole.
     files = sorted(str(p.relative_to(reports)) for p in reports.rglob("*") if p.is_file())
     assert not [f for f in files if ".partial-" in f], files
-    if "junit.xml" not in lost:  # corewire's own junit.xml (harness/report/junit.py)
+    if "junit.xml" not in lost:  # corewire's own junit.xml (harness/results/junit.py)
         suite = ET.parse(reports / "junit.xml").getroot()
         assert suite.find("testsuite") is not None or suite.tag == "testsuite"

@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
-from harness.case_context import CaseContext, run_case
-from harness.casekit import prompt
-from harness.frontends.driver import GREEDY, Capability, Sampling
+from harness.artefacts.vllm_dist import tiny_model_dir
+from harness.cases.context import CaseContext, run_case
+from harness.cases.declaration import CaseSpec, module_cases
+from harness.cases.helpers import prompt
+from harness.frontends.api import GREEDY, Capability, Sampling
 from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.frontends.subprocess.protocol import (
@@ -29,10 +31,9 @@ from harness.frontends.subprocess.protocol import (
     answered_version,
     model_facts,
 )
-from harness.verdicts import CaseSpec, Level, Verdict
-from harness.vllm_dist import tiny_model_dir
-from harness.vocab import EOS_TOKEN_ID, SPECIAL, detokenize
-from harness.wire import messages as m
+from harness.protocol.vocab import EOS_TOKEN_ID, SPECIAL, detokenize
+from harness.protocol.wire import messages as m
+from harness.results.records import Level, Verdict
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 
@@ -46,12 +47,11 @@ GENERATE_SPEC = CaseSpec("streaming.compat.sampling", Level.MUST, "sampling", "t
 
 def the_case(case_id: str) -> Any:
     """A conformance case's function, by id (the suite's own, unchanged)."""
-    from harness.case_index import case_specs
+    from harness.cases.index import case_specs
 
     spec, path = case_specs()[case_id]
     module = __import__(path[:-3].replace("/", "."), fromlist=["_"])
-    return next(v for v in vars(module).values()
-                if getattr(v, "__corewire_case__", None) is spec), spec
+    return next(d.run for d in module_cases(vars(module)) if d.spec is spec), spec
 
 
 def run(spec: CaseSpec, fn: Any, driver: SubprocessDriver) -> Any:

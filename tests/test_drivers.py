@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
-from harness.case_context import CaseContext, run_case
-from harness.casekit import hold, prompt, request_for
-from harness.frontends.driver import Capability, FrontendDriver
+from harness.cases.context import CaseContext, run_case
+from harness.cases.declaration import CaseSpec
+from harness.cases.helpers import hold, prompt, request_for
+from harness.frontends.api import Capability, FrontendDriver
 from harness.frontends.reference import ReferenceDriver
 from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
 from harness.frontends.subprocess.driver import SubprocessDriver
-from harness.leaks import leaks_since, snapshot
-from harness.verdicts import CaseSpec, Level, Verdict
+from harness.results.records import Level, Verdict
+from harness.run.leaks import leaks_since, snapshot
 from mock_engines.script import EngineScript, UtilityReply, by_prompt
 from tests.timescale import TIMESCALE
 
@@ -199,7 +200,7 @@ def test_the_leak_check_sees_descendants_that_left_the_session() -> None:
     import time
     import uuid
 
-    from harness import process_tree
+    from harness.hygiene import process_tree
 
     tag = f"corewire-orphan-{uuid.uuid4().hex[:8]}"
     before = snapshot()
@@ -233,7 +234,7 @@ def test_a_stderr_flood_is_capped_to_head_and_tail() -> None:
 
 
 def test_stderr_capture_keeps_the_head_and_the_tail() -> None:
-    from harness.frontends.stderr_capture import StderrCapture
+    from harness.frontends.subprocess.stderr_capture import StderrCapture
 
     capture = StderrCapture(head_bytes=100, tail_bytes=100)
     for i in range(1000):

@@ -19,7 +19,7 @@ import pytest
 import conformance.components.test_ec_deferral as suite
 from harness.components import ENV_EC_SCHEDULER
 from harness.components.ec_mutants import MUTANTS
-from harness.verdicts import Verdict
+from harness.results.records import Verdict
 from tests.component_selftest import ComponentSuite, Matrix, problems
 
 # The case written to catch each mutant (more may catch it too).

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.case_context import run_case
+from harness.cases.context import run_case
 from harness.frontends.subprocess.driver import SubprocessDriver
-from harness.leaks import leaks_since, snapshot
-from harness.verdicts import Verdict
+from harness.results.records import Verdict
+from harness.run.leaks import leaks_since, snapshot
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 

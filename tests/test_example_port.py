@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from harness.case_index import wire_specs
-from harness.verdicts import Verdict
+from harness.cases.index import wire_specs
+from harness.results.records import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = ROOT / "fixtures" / "example_port" / "driver.py"

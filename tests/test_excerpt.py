@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.report.excerpt import EXCERPT_RECORDS, fold_heartbeats, transcript_excerpt
+from harness.results.excerpt import EXCERPT_RECORDS, fold_heartbeats, transcript_excerpt
 
 
 def _record(t: float, channel: str, direction: str = "in", **extra: Any) -> dict[str, Any]:

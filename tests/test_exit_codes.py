@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, BaselineEntry
+from harness.results.baseline import Baseline, BaselineEntry
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = "mutant:sleeping_first_engine"  # fails exactly the is_sleeping disagreement cases
@@ -81,7 +81,7 @@ def _limit_file_size() -> None:
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_exit_code_row(tmp_path: Path, row: str) -> None:
     code, says = ROWS[row]
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "-n", "0",
+    proc = subprocess.run([sys.executable, "-m", "harness.run.cli", "run", "-n", "0",
                            "--report-dir", str(tmp_path / "reports"), *_args(row, tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           preexec_fn=_limit_file_size if row == "disk-full" else None,

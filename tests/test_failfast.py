@@ -3,7 +3,7 @@
 It used to be restarted for every case: 468 identical "driver exited (code 1) with no
 reply to init" ERROR lines. Now one STOPPED line quotes the cause and the program's stderr
 tail, the remaining cases are NOT-RUN (counted once), and the run exits 6
-(harness/failfast.py, docs/cli.md), with xdist workers sharing the count.
+(harness/run/failfast.py, docs/cli.md), with xdist workers sharing the count.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.failfast import (
+from harness.run.failfast import (
     EXIT_FRONTEND_STOPPED,
     START_FAILURE_LIMIT,
     StartAttempt,
@@ -60,7 +60,7 @@ def test_a_start_or_another_cause_breaks_the_row(tmp_path: Path) -> None:
 
 RECORD_TEN = """\
 import sys
-from harness.failfast import StartAttempt, StartFailures
+from harness.run.failfast import StartAttempt, StartFailures
 for _ in range(10):
     StartFailures(sys.argv[1], limit=1000).record("p", StartAttempt(True, "exited"))
 """
@@ -133,7 +133,7 @@ def test_a_port_that_cannot_start_stops_with_one_line(tmp_path: Path, workers: s
     left = [p.name for p in private_tmp.iterdir() if not p.name.startswith("pytest-of-")]
     assert left == []  # the shared record (and every ipc dir) is gone with the run
     # `corewire merge` of the run (an unsharded run is shard 1/1) keeps the stop and its exit.
-    merged = subprocess.run([sys.executable, "-m", "harness.cli", "merge", str(report),
+    merged = subprocess.run([sys.executable, "-m", "harness.run.cli", "merge", str(report),
                              "--report-dir", str(tmp_path / "merged")], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert merged.returncode == EXIT_FRONTEND_STOPPED, merged.stdout + merged.stderr

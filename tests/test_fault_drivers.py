@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import process_tree
-from harness.case_context import run_case
+from harness.cases.context import run_case
 from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
-from harness.verdicts import Verdict
+from harness.hygiene import process_tree
+from harness.results.records import Verdict
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 

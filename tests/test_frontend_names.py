@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, BaselineEntry, unmatched_entries
 from harness.frontends.naming import (
     NamedFrontend,
     probe_name,
@@ -26,7 +25,8 @@ from harness.frontends.naming import (
     short_form,
     split_name,
 )
-from harness.verdicts import CaseResult, Verdict
+from harness.results.baseline import Baseline, BaselineEntry, unmatched_entries
+from harness.results.records import CaseResult, Verdict
 from tests.timescale import TIMESCALE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def test_a_name_given_twice_is_refused() -> None:
 
 def test_the_probe_learns_the_init_name_and_leaves_nothing() -> None:
     """One start of the program, `init`, then its normal teardown (no engine started)."""
-    from harness.leaks import leaks_since, snapshot
+    from harness.run.leaks import leaks_since, snapshot
 
     before = snapshot()
     assert probe_name(f"subprocess:{sys.executable} {PROGRAM}", TIMESCALE) == \

@@ -13,14 +13,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from harness.wire import (
+from harness.protocol.wire import (
     DEFAULT_CODEC,
     AbortRequests,
     AddRequest,
     EngineDead,
     WireCodec,
 )
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "wire"
 VECTOR_FILES = sorted(FIXTURES.glob("*.json"))

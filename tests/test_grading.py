@@ -6,7 +6,15 @@ import asyncio
 
 import pytest
 
-from harness.frontends.driver import (
+from harness.cases.grading import (
+    GRADES,
+    CaseUnmet,
+    CaseUnsupported,
+    grade_of,
+    message_for,
+    verdict_for,
+)
+from harness.frontends.api import (
     CommandTimeout,
     DriverFault,
     FrontendError,
@@ -16,15 +24,7 @@ from harness.frontends.driver import (
 )
 from harness.frontends.subprocess.driver import DriverProgramFault
 from harness.frontends.subprocess.protocol import DriverProtocolError
-from harness.grading import (
-    GRADES,
-    CaseUnmet,
-    CaseUnsupported,
-    grade_of,
-    message_for,
-    verdict_for,
-)
-from harness.verdicts import Level, Verdict
+from harness.results.records import Level, Verdict
 
 CASES = [
     # outcome, level, verdict, message

@@ -1,8 +1,8 @@
 """Every wire case stands on vLLM 0.33.0 lines that say what the case claims.
 
 Checked against the vLLM 0.33.0 sdist (downloaded once into the cache, sha256 checked; see
-harness.vllm_sources): each citation's snippet must sit within a few lines of the cited
-line, every level must be one its basis allows (harness.grounds), and every tolerated
+harness.artefacts.vllm_sources): each citation's snippet must sit within a few lines of the cited
+line, every level must be one its basis allows (harness.cases.grounds), and every tolerated
 divergence in the baseline cites, in the same checked form, the lines that show it.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline
-from harness.case_index import grounds_problems, level_problems, wire_specs
-from harness.grounds import (
+from harness.artefacts.vllm_sources import SourceTree, vllm_0_33_sources
+from harness.cases.declaration import CaseSpec, case
+from harness.cases.grounds import (
     Basis,
     Cite,
     Grounds,
@@ -30,13 +30,14 @@ from harness.grounds import (
     recommendation,
     rs,
 )
-from harness.verdicts import CaseSpec, Level, case
-from harness.vllm_sources import SourceTree, vllm_0_33_sources
+from harness.cases.index import grounds_problems, level_problems, wire_specs
+from harness.results.baseline import Baseline
+from harness.results.records import Level
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "fixtures" / "baselines" / "vllm-0.33.json"
 REAL_FRONTENDS = ("vllm-py", "vllm-rs")
-# A checked citation inside prose: path:line `snippet` (harness.grounds.Cite.render).
+# A checked citation inside prose: path:line `snippet` (harness.cases.grounds.Cite.render).
 CITATION = re.compile(r"(?P<path>(?:vllm|rust)/[\w./-]+):(?P<line>\d+) `(?P<snippet>[^`]+)`")
 # A real line of the sdist, used to show the checker catches a wrong line number.
 KNOWN = py("vllm/v1/engine/coordinator.py:364", "assert outputs.utility_output is None")

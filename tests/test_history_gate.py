@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from harness.vllm_rs_fetch import FetchNetworkError, release_binary
+from harness.frontends.vllm_rs.fetch import FetchNetworkError, release_binary
 
 pytestmark = pytest.mark.history
 

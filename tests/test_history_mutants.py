@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from harness.frontends import mutants_history as mh
-from harness.frontends.driver import FrontendError, Sampling
+from harness.frontends.api import FrontendError, Sampling
 from harness.frontends.mutants import HISTORY_MUTANTS, MUTANTS, RUNNABLE_MUTANTS
 from harness.frontends.reference.coordinator import CoordinatorCore, Publish, Signal
 from harness.frontends.reference.core import (
@@ -32,11 +32,11 @@ from harness.frontends.reference.core import (
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.frontends.registry import check_spec, make_driver
-from harness.report.killmatrix import KillMatrix
-from harness.transport.sockets import engine_identity
-from harness.vocab import detokenize
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest
-from harness.wire import messages as m
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.vocab import detokenize
+from harness.protocol.wire import DEFAULT_CODEC, AbortRequests, AddRequest
+from harness.protocol.wire import messages as m
+from harness.results.killmatrix import KillMatrix
 from mock_engines.engine import MockEngineCore
 from mock_engines.script import EngineScript, default_ready
 

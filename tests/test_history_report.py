@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.report.history import changes, render_history
-from harness.report.skew import SKEW_CASES, Kind, Outcome, classify, first_line, load_skew
+from harness.results.history import changes, render_history
+from harness.results.skew import SKEW_CASES, Kind, Outcome, classify, first_line, load_skew
 
 
 def run(release: str, verdicts: dict[str, str]) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def test_matrix_orders_releases_numerically_and_links_known_prs() -> None:
     assert "dp.is_sleeping.disagree" in known
 
 
-# --- version skew (harness/report/skew.py) ---
+# --- version skew (harness/results/skew.py) ---
 
 RUST_REFUSAL = (
     "frontend did not start: vllm-rs exited with 1 before serving: (RustFrontend pid=7) ERROR "

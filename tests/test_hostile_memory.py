@@ -1,7 +1,7 @@
 """What a hostile frontend asks for costs the harness a bounded amount of memory and report.
 
 Two halves. In process: a case that keeps growing the worker's memory is stopped by the
-memory guard and graded ERROR with the figures (harness/memory_guard.py), and the worker
+memory guard and graded ERROR with the figures (harness/hygiene/memory_guard.py), and the worker
 goes on. End to end: driver programs that ask for 10**9 tokens, send an 8 MiB prompt or a
 1 MiB request id (the `oversize:KIND` faults) run through `pytest conformance` under an
 address-space cap (RLIMIT_AS, so an exhaustion would kill the run, not the machine); the run
@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import memory_guard
-from harness.case_context import CaseContext, run_case
+from harness.cases.context import CaseContext, run_case
+from harness.cases.declaration import CaseSpec
 from harness.frontends.reference import ReferenceDriver
-from harness.report.bounds import ROW_LIMIT
-from harness.verdicts import CaseSpec, Level, Verdict
+from harness.hygiene import memory_guard
+from harness.results.bounds import ROW_LIMIT
+from harness.results.records import Level, Verdict
 from tests.timescale import TIMESCALE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -87,7 +87,7 @@ class Run:
 def _argv(how: str, report_dir: Path, workers: str) -> list[str]:
     selection = ["-m", "streaming", "--frontend", "reference-subprocess"]
     if how == "corewire":
-        return [sys.executable, "-m", "harness.cli", "run", "--report-dir", str(report_dir),
+        return [sys.executable, "-m", "harness.run.cli", "run", "--report-dir", str(report_dir),
                 "-n", workers, *selection, "--", "-vv"]
     return [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-p",
             "no:cacheprovider", "-vv", "--report-dir", str(report_dir),
@@ -143,7 +143,7 @@ def test_interrupt_keeps_finished_verdicts_and_leaves_nothing(
 def test_a_forked_child_takes_sigterm_by_default() -> None:
     """Hazard: a child forked after install (vLLM forks its DP coordinator) inherited our
     handler, ignored SIGTERM and made its parent wait out a 5 s shutdown bound."""
-    from harness import interrupts
+    from harness.run import interrupts
 
     interrupts.install()
     try:
@@ -189,7 +189,7 @@ def test_corewire_run_killed_takes_its_pytest_with_it(tmp_path: Path) -> None:
     # A selection that runs for minutes: an orphaned pytest would still be at it below.
     log = tmp_path / "out.txt"
     with log.open("w") as out:
-        cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "-n", "0", "-k",
+        cli = subprocess.Popen([sys.executable, "-m", "harness.run.cli", "run", "-n", "0", "-k",
                                 "abort or dp or streaming", "--report-dir",
                                 str(tmp_path / "r")], cwd=ROOT, stdout=out,
                                stderr=subprocess.STDOUT, start_new_session=True)

@@ -20,7 +20,7 @@ import pytest
 import conformance.components.test_kv_failure_queues as suite
 from harness.components import ENV_KV_WORKER, FakeTransport, RecvHooks
 from harness.components.kv_mutants import MUTANTS
-from harness.verdicts import Verdict
+from harness.results.records import Verdict
 from tests.component_selftest import ComponentSuite, Matrix, problems
 from tests.timescale import TIMESCALE
 

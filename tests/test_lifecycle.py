@@ -1,4 +1,4 @@
-"""The request lifecycle table (harness/lifecycle.py) and the fuzz model that uses it."""
+"""The request lifecycle table (harness/protocol/lifecycle.py) and the fuzz model that uses it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from harness.frontends.driver import StreamHandle
-from harness.lifecycle import (
+from harness.frontends.api import StreamHandle
+from harness.protocol.lifecycle import (
     ABORT_OWED,
     LIVE,
     TERMINAL,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from harness.lifecycle import (
+from harness.protocol.lifecycle import (
     ENGINE_HOLDING,
     ENGINE_NOT_HELD,
     ENGINE_PHASES,
@@ -27,8 +27,8 @@ from harness.lifecycle import (
     Role,
     next_phase,
 )
-from harness.wire import DEFAULT_CODEC
-from harness.wire import messages as m
+from harness.protocol.wire import DEFAULT_CODEC
+from harness.protocol.wire import messages as m
 from mock_engines import (
     Die,
     Emit,

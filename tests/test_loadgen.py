@@ -7,9 +7,9 @@ mode keeps counts instead of records.
 
 from __future__ import annotations
 
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest, codec_for
-from harness.wire import messages as m
-from harness.wire.profiles import all_profiles
+from harness.protocol.wire import DEFAULT_CODEC, AbortRequests, AddRequest, codec_for
+from harness.protocol.wire import messages as m
+from harness.protocol.wire.profiles import all_profiles
 from mock_engines import EngineScript, MockEngineCore, Record, Transcript
 from mock_engines.loadgen import LoadMode, LoadStepper
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import pytest
 import zmq
 
-from harness.lifecycle import Event, Phase
-from harness.transport.endpoints import PrivateIpcDir
-from harness.transport.sockets import engine_identity, make_socket
-from harness.wire import DEFAULT_CODEC, EngineDead, EngineOutput, ProtocolError
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event, Phase
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.transport.sockets import engine_identity, make_socket
+from harness.protocol.wire import DEFAULT_CODEC, EngineDead, EngineOutput, ProtocolError
+from harness.protocol.wire import messages as m
 from mock_engines import (
     Die,
     Emit,

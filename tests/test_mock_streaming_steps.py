@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from harness.wire import DEFAULT_CODEC
-from harness.wire import messages as m
+from harness.protocol.wire import DEFAULT_CODEC
+from harness.protocol.wire import messages as m
 from mock_engines import (
     Emit,
     EmitArrays,

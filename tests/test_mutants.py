@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS
-from harness.report.killmatrix import (
+from harness.results.killmatrix import (
     HARMLESS,
     RERUN_HINT,
     Kill,
@@ -28,7 +28,7 @@ from harness.report.killmatrix import (
     node_id,
     run_against_mutants,
 )
-from harness.verdicts import CaseResult
+from harness.results.records import CaseResult
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "fixtures" / "kill-matrix.json"

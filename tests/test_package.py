@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, locations
+from harness import locations
+from harness.run import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -202,7 +203,7 @@ def test_the_wheel_carries_the_cases_and_the_fixtures(installed: Installed) -> N
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     for name in ("conformance/__init__.py", "conformance/conftest.py",
                  "conformance/test_abort.py", "conformance/components/test_ec_deferral.py",
-                 "harness/corewire_run.ini", "harness/locations.py",
+                 "harness/run/corewire_run.ini", "harness/locations.py",
                  "harness/fixtures/tiny-model/config.json",
                  "harness/fixtures/tiny-model/tokenizer.json",
                  "harness/fixtures/tiny-lora/adapter_config.json",

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.case_context import CaseContext, run_case
+from harness.cases.context import CaseContext, run_case
+from harness.cases.declaration import CaseSpec
 from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
-from harness.report.evidence import REPO_ROOT
-from harness.report.junit import junit_tree
-from harness.report.summary import REASON_CHARS, SummaryInput, summary_lines
-from harness.verdicts import CaseResult, CaseSpec, Evidence, Level, Verdict
+from harness.results.evidence import REPO_ROOT
+from harness.results.junit import junit_tree
+from harness.results.records import CaseResult, Evidence, Level, Verdict
+from harness.results.summary import REASON_CHARS, SummaryInput, summary_lines
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 
@@ -173,7 +174,8 @@ def test_a_wait_of_the_case_that_times_out_is_named_too() -> None:
 
 
 CASES = textwrap.dedent("""
-    from harness.verdicts import Level, case
+    from harness.results.records import Level
+    from harness.cases.declaration import case
 
     @case("abort.unmatched_probe.one", Level.MUST, "passes", source="test")
     async def one(ctx):

@@ -17,11 +17,9 @@ import msgspec
 import pytest
 import zmq
 
-from harness.report.schema import document_json
-from harness.report.writer import results_document
-from harness.transport.endpoints import PrivateIpcDir
-from harness.transport.sockets import engine_identity, make_socket
-from harness.wire import (
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.transport.sockets import engine_identity, make_socket
+from harness.protocol.wire import (
     DEFAULT_CODEC,
     AddRequest,
     ProtocolError,
@@ -32,8 +30,8 @@ from harness.wire import (
     profile_for_release,
     profile_names,
 )
-from harness.wire import messages as m
-from harness.wire.profiles import (
+from harness.protocol.wire import messages as m
+from harness.protocol.wire.profiles import (
     PROFILE_DIR,
     VLLM_0_33,
     ProfileDataError,
@@ -41,6 +39,8 @@ from harness.wire.profiles import (
     all_profiles,
     layout_of,
 )
+from harness.results.schema import document_json
+from harness.results.writer import results_document
 from mock_engines import EngineGroup, EngineScript, MockEngineCore, any_request, default_ready
 from mock_engines.script import stream
 
@@ -173,7 +173,7 @@ def test_unknown_profile_is_a_typed_error() -> None:
 
 
 def test_a_malformed_profile_file_is_a_typed_error(tmp_path: Path) -> None:
-    from harness.wire.profiles import _load
+    from harness.protocol.wire.profiles import _load
 
     bad = tmp_path / "vllm-0.99.0.json"
     bad.write_text(json.dumps({"name": "vllm-0.99.0", "structs": {}}))
@@ -353,12 +353,12 @@ def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
     speaking 0.23.0's layout, as scripts/history.py runs it) was labelled vllm-0.33."""
     from harness.frontends.naming import NamedFrontend
     from harness.frontends.registry import make_driver, spec_profile
-    from harness.plugin import _frontend_profiles
-    from harness.report.compliance import render_compliance
-    from harness.report.html import render_html
-    from harness.session import CorewireSession
-    from harness.timing import DEFAULT
-    from harness.wire.profiles import VLLM_0_33
+    from harness.protocol.timing import DEFAULT
+    from harness.protocol.wire.profiles import VLLM_0_33
+    from harness.results.compliance import render_compliance
+    from harness.results.html import render_html
+    from harness.run.plugin import _frontend_profiles
+    from harness.run.state import CorewireSession
 
     for release in ("0.22.0", "0.23.0", "0.33.0"):  # the driver's choice is the label's
         spec = f"vllm-rs@{release}"
@@ -396,7 +396,7 @@ def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "harness.run.cli", *args], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.case_index import case_specs
+from harness.cases.index import case_specs
 from harness.frontends.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def test_every_frontend_form_is_in_the_readme_table_and_run_help() -> None:
              for row in rows}
     assert {"kv:", "ec:", "subprocess:", "mutant:", "vllm-rs@", "reference-subprocess",
             "vllm-py"} <= forms, forms
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--help"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "harness.run.cli", "run", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     text = " ".join(proc.stdout.split())
     assert proc.returncode == 0

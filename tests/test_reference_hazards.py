@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-from harness.case_context import CaseContext, run_case
-from harness.casekit import prompt, request_for
+from harness.cases.context import CaseContext, run_case
+from harness.cases.declaration import CaseSpec
+from harness.cases.helpers import prompt, request_for
 from harness.frontends.reference import ReferenceDriver
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore
-from harness.verdicts import CaseSpec, Level, Verdict
+from harness.results.records import Level, Verdict
 from mock_engines.script import Emit, EngineScript, any_request
 from tests.timescale import TIMESCALE
 

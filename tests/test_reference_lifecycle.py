@@ -1,4 +1,5 @@
-"""The reference frontend core on the lifecycle table (harness/lifecycle.py, frontend role).
+"""The reference frontend core on the lifecycle table
+(harness/protocol/lifecycle.py, frontend role).
 
 Each request's `Phase` is the truth; `requests` and `ended` are indexes of it. Checked on a
 real `ReferenceFrontendCore` with real frames (no sockets): what each client call and each
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends.api import StreamHandle
 from harness.frontends.reference import core as core_module
 from harness.frontends.reference.core import ReferenceFrontendCore
-from harness.lifecycle import FRONTEND_PHASES, TRANSITIONS, Event, LifecycleError, Phase
-from harness.transport.sockets import engine_identity
-from harness.vocab import token_text
-from harness.wire import DEFAULT_CODEC, AbortRequests
-from harness.wire import messages as m
+from harness.protocol.lifecycle import FRONTEND_PHASES, TRANSITIONS, Event, LifecycleError, Phase
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.vocab import token_text
+from harness.protocol.wire import DEFAULT_CODEC, AbortRequests
+from harness.protocol.wire import messages as m
 from tests.reference_cores import ready_core
 
 RANKS = (0, 1)

@@ -1,4 +1,4 @@
-"""One run owns its --report-dir (harness/report/dirlock.py): a second run with the same
+"""One run owns its --report-dir (harness/results/dirlock.py): a second run with the same
 report dir while one is running is a usage error (exit 4, one line naming the holder: pid,
 start time, command), and the running one's report set is its own alone. A holder that
 died (SIGKILL) blocks no one.
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.report.dirlock import LOCK_NAME, ReportDirBusy, lock_report_dir
+from harness.results.dirlock import LOCK_NAME, ReportDirBusy, lock_report_dir
 from tests.timescale import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def test_a_second_run_on_a_busy_report_dir_is_a_usage_error(tmp_path: Path) -> N
             assert first.poll() is None and time.monotonic() < deadline, "no case started"
             time.sleep(0.05)
         for how in ("corewire run", "pytest"):
-            argv = ([sys.executable, "-m", "harness.cli", "run"] if how == "corewire run" else
+            argv = ([sys.executable, "-m", "harness.run.cli", "run"] if how == "corewire run" else
                     [sys.executable, "-m", "pytest", str(ROOT / "conformance"), "-q", "-p",
                      "no:cacheprovider"])
             second = subprocess.run([*argv, "-k", CASE, "--report-dir", str(reports)],
@@ -66,7 +66,7 @@ def test_a_second_run_on_a_busy_report_dir_is_a_usage_error(tmp_path: Path) -> N
     rows = json.loads((reports / "results.json").read_text())["results"]
     assert [r["id"] for r in rows] == [CASE]  # one row: the first run's alone
     # Released: the next run takes the dir.
-    later = subprocess.run([sys.executable, "-m", "harness.cli", "run", "-k", CASE, "-n", "0",
+    later = subprocess.run([sys.executable, "-m", "harness.run.cli", "run", "-k", CASE, "-n", "0",
                             "--report-dir", str(reports)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert later.returncode == 0, later.stdout[-2000:] + later.stderr[-2000:]
@@ -79,7 +79,7 @@ def test_a_holder_that_died_blocks_no_one(tmp_path: Path) -> None:
         [sys.executable, "-c",
          "import sys, time\n"
          f"sys.path.insert(0, {str(ROOT)!r})\n"
-         "from harness.report.dirlock import lock_report_dir\n"
+         "from harness.results.dirlock import lock_report_dir\n"
          "lock = lock_report_dir(sys.argv[1])\n"
          "print('held', flush=True)\n"
          "time.sleep(60)\n", str(tmp_path)],

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from harness.baseline import Baseline, BaselineEntry, apply_baseline
-from harness.report.diff import diff_results, format_diff
-from harness.report.schema import as_builtins
-from harness.verdicts import CaseResult, Verdict
+from harness.results.baseline import Baseline, BaselineEntry, apply_baseline
+from harness.results.diff import diff_results, format_diff
+from harness.results.records import CaseResult, Verdict
+from harness.results.schema import as_builtins
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = "mutant:sleeping_first_engine"  # fails exactly the is_sleeping disagreement cases
@@ -184,7 +184,7 @@ def test_diff_reports_transitions(tmp_path: Path) -> None:
     for name, results in (("old.json", old), ("new.json", new)):
         (tmp_path / name).write_text(json.dumps(
             {"meta": {}, "results": [as_builtins(r) for r in results]}))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "diff",
+    proc = subprocess.run([sys.executable, "-m", "harness.run.cli", "diff",
                            str(tmp_path / "old.json"), str(tmp_path / "new.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout
@@ -239,7 +239,7 @@ def test_a_filtered_run_leaves_only_its_own_reports(tmp_path: Path) -> None:
 def test_terminal_and_junit_output_of_a_failing_mutant(tmp_path: Path) -> None:
     """One line per non-PASS verdict and a pointer to the reports (it used to be pages of
     hex); JUnit system-out capped, with paths relative to the report dir."""
-    from harness.report.evidence import SYSTEM_OUT_CAP
+    from harness.results.evidence import SYSTEM_OUT_CAP
 
     proc = run_suite(tmp_path, "-k", "dp.is_sleeping", "--frontend", SLEEPY)
     assert proc.returncode == 1
@@ -261,7 +261,7 @@ def test_terminal_and_junit_output_of_a_failing_mutant(tmp_path: Path) -> None:
 
 
 def test_evidence_cap_keeps_head_and_tail() -> None:
-    from harness.report.evidence import cap
+    from harness.results.evidence import cap
 
     text = "HEAD" + "x" * 50_000 + "TAIL"
     capped = cap(text, 8192)

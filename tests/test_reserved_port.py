@@ -15,7 +15,7 @@ import socket
 import pytest
 import zmq
 
-from harness.transport.endpoints import ReservedTcpPort
+from harness.protocol.transport.endpoints import ReservedTcpPort
 
 HOST = "127.0.0.1"
 

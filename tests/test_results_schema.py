@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.compliance import render_compliance
-from harness.report.html import render_html
-from harness.report.schema import (
+from harness.results.compliance import render_compliance
+from harness.results.html import render_html
+from harness.results.records import CaseResult, Evidence, Verdict
+from harness.results.schema import (
     ResultsFileError,
     decode_result,
     document_json,
@@ -21,8 +22,7 @@ from harness.report.schema import (
     parse_document,
     read_results,
 )
-from harness.session import session_of
-from harness.verdicts import CaseResult, Evidence, Verdict
+from harness.run.state import session_of
 
 pytest_plugins = ["pytester"]
 
@@ -91,7 +91,8 @@ def test_a_renderer_names_a_missing_label() -> None:
 # ------------------------------------------------------------------ sessions in one process
 
 CASES = textwrap.dedent("""
-    from harness.verdicts import Level, case
+    from harness.results.records import Level
+    from harness.cases.declaration import case
 
     @case("abort.schema_probe.first", Level.INFO, "records the factors", source="test")
     async def first(ctx):

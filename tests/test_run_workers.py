@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness.run import cli
 
 
 @pytest.mark.parametrize("cpus, workers", [(1, "6"), (2, "12"), (3, "16"), (64, "16")])
@@ -66,7 +66,7 @@ def test_plugins_installed_beside_corewire_are_not_loaded(tmp_path: Path) -> Non
     probe = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", str(tmp_path)],
                            env=env, capture_output=True, text=True, timeout=120)
     assert "foreign plugin loaded" in probe.stdout + probe.stderr  # it is installed
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "-k", "abort.burst",
+    done = subprocess.run([sys.executable, "-m", "harness.run.cli", "run", "-k", "abort.burst",
                            "-n", "1", "--report-dir", str(tmp_path / "r")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from junitparser import JUnitXml
 
-from harness.shard import ShardSpecError, parse_shard, shard_of
+from harness.cases.declaration import module_cases
+from harness.run.shard import ShardSpecError, parse_shard, shard_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = "mutant:sleeping_first_engine"  # fails the three dp.is_sleeping disagreement cases
@@ -27,8 +28,7 @@ def _case_ids() -> list[str]:
     ids = []
     for module in sorted((ROOT / "conformance").glob("test_*.py")):
         mod = importlib.import_module(f"conformance.{module.stem}")
-        ids += [obj.__corewire_case__.case_id for obj in vars(mod).values()
-                if hasattr(obj, "__corewire_case__")]
+        ids += [d.spec.case_id for d in module_cases(vars(mod))]
     return sorted(ids)
 
 
@@ -63,7 +63,7 @@ def test_parse_shard_refuses(text: str) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "harness.run.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -145,7 +145,7 @@ def test_merge_equals_the_unsharded_run(runs: dict[str, Any]) -> None:
 
 
 def test_merge_regrades_against_a_baseline(runs: dict[str, Any], tmp_path: Path) -> None:
-    from harness.baseline import Baseline, BaselineEntry
+    from harness.results.baseline import Baseline, BaselineEntry
 
     entries = [BaselineEntry(case, SLEEPY, "FAIL", "port under development", "https://x/1",
                              "2099-01-01")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness.report.soak import SoakRun, compare, read_log, render_soak, verdicts_of
+from harness.results.soak import SoakRun, compare, read_log, render_soak, verdicts_of
 
 LOAD = (2.5, 2.1, 1.9)
 

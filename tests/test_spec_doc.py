@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from harness.case_index import wire_specs
-from harness.report.spec import markdown_table
+from harness.cases.index import wire_specs
+from harness.results.spec import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

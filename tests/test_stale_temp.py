@@ -1,5 +1,5 @@
 """Temp dirs a run could not remove because it was SIGKILLed (its process group, mid-case)
-are removed by the next run, and only those: harness/ownership.py's registries (a flock'd
+are removed by the next run, and only those: harness/hygiene/ownership.py's registries (a flock'd
 file per process naming its cw-* dirs and driver programs) prove which owners are dead.
 
 Before: a subprocess-driver case killed with its process group left two empty dirs in the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ownership, process_tree
+from harness.hygiene import ownership, process_tree
 from tests.timescale import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def test_a_live_owners_dirs_are_never_swept(tmp_path: Path) -> None:
          "import sys, tempfile, time\n"
          f"sys.path.insert(0, {str(ROOT)!r})\n"
          "tempfile.tempdir = sys.argv[1]\n"
-         "from harness.transport.endpoints import PrivateIpcDir\n"
+         "from harness.protocol.transport.endpoints import PrivateIpcDir\n"
          "d = PrivateIpcDir()\n"
          "print(d.path, flush=True)\n"
          "time.sleep(60)\n", str(tmp_path)],

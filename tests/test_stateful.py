@@ -4,7 +4,7 @@
   ``COREWIRE_STATEFUL_EXAMPLES=N`` overrides, and the "nightly" profile runs 5000 examples
   of 100 steps: ``HYPOTHESIS_PROFILE=nightly make test`` or
   ``pytest --hypothesis-profile=nightly tests/test_stateful.py`` (the latter needs the
-  harness.replay_plugin plugin loaded, which registers the profile).
+  harness.run.replay_plugin plugin loaded, which registers the profile).
 * (b) Planted bugs are found and shrunk, their replay files written, and each replay
   re-raises the same invariant against the buggy core and passes against the reference.
 * (c) The same machine over real ZMQ sockets (EngineGroup + ReferenceFrontend).
@@ -88,7 +88,7 @@ def test_settings_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_importing_the_package_registers_no_profile() -> None:
     """The "nightly" profile exists once asked for (register_profiles, the replay plugin's
     configure hook, stateful_settings), never as a side effect of an import."""
-    code = ("import hypothesis, harness.stateful, harness.replay_plugin\n"
+    code = ("import hypothesis, harness.stateful, harness.run.replay_plugin\n"
             "try:\n    hypothesis.settings.get_profile('nightly')\n"
             "except hypothesis.errors.InvalidArgument:\n    print('absent')\n"
             "harness.stateful.register_profiles()\n"

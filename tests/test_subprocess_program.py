@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from harness.case_context import run_case
-from harness.frontends.driver import (
+from harness.cases.context import run_case
+from harness.cases.declaration import CaseSpec, cases_of
+from harness.frontends.api import (
     FrontendDriver,
     ObservedConfig,
     StreamHandle,
@@ -28,14 +29,13 @@ from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.frontends.subprocess.faults import Faults
 from harness.frontends.subprocess.program import EX_USAGE, DriverProgram
 from harness.frontends.subprocess.remote_engines import StartupBound
-from harness.verdicts import CaseSpec, Verdict
+from harness.results.records import Verdict
 
 PROGRAM = [sys.executable, "-m", "harness.frontends.subprocess.program"]
 
 
 def spec_of(fn: Any) -> CaseSpec:
-    found: CaseSpec = fn.__corewire_case__
-    return found
+    return cases_of(fn)[0].spec
 # The cases are imported inside the tests: a case at module level would be collected here.
 
 

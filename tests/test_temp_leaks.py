@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.case_context import run_case
-from harness.leaks import leaks_since, observe_temp_sockets, snapshot, temp_entry
-from harness.timing import scaled
-from harness.transport.endpoints import PrivateIpcDir
-from harness.verdicts import Verdict
+from harness.cases.context import run_case
+from harness.protocol.timing import scaled
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.results.records import Verdict
+from harness.run.leaks import leaks_since, observe_temp_sockets, snapshot, temp_entry
 from tests.leaky_drivers import SPEC, TempSocketDriver, spawn_binder, start_only
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def test_case_teardown_attributes_a_frontends_temp_socket() -> None:
 
 ZMQ_SCRIPT = """
 import asyncio, gc, json, sys
-from harness.case_context import run_case
+from harness.cases.context import run_case
 from tests.leaky_drivers import SPEC, ZmqLeakDriver, start_only
 driver = ZmqLeakDriver(sys.argv[1])
 result = asyncio.run(run_case(SPEC, start_only, driver))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.case_context import transcript_file_name
+from harness.cases.context import transcript_file_name
 from harness.frontends.registry import check_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_slash_in_subprocess_command_keeps_every_verdict(tmp_path: Path) -> None
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "harness.run.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

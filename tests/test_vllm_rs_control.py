@@ -18,8 +18,8 @@ from typing import Any
 import grpc  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
-from harness.frontends.driver import FrontendError
-from harness.frontends.vllm_rs_control import (
+from harness.frontends.api import FrontendError
+from harness.frontends.vllm_rs.control import (
     CLASSES,
     METHODS,
     ControlClient,
@@ -28,7 +28,7 @@ from harness.frontends.vllm_rs_control import (
 )
 from tests.timescale import TIMESCALE, scaled
 
-PROTO = Path(__file__).resolve().parents[1] / "harness/frontends/proto/control.proto"
+PROTO = Path(__file__).resolve().parents[1] / "harness/frontends/vllm_rs/proto/control.proto"
 _TYPES = {"string": 9, "uint64": 4, "bool": 8}  # FieldDescriptorProto.Type numbers
 Handler = Callable[[Any, Any], Any]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import vllm_rs_fetch as fetch
+from harness.frontends.vllm_rs import fetch
 
 BINARY = bytes(range(256)) * 4096 + b"#!corewire test binary\n"  # ~1 MB, compresses well
 

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from harness.frontends import vllm_rs
-from harness.frontends.driver import FrontendError, StreamHandle
-from harness.frontends.vllm_rs import VllmRsDriver
-from harness.frontends.vllm_rs_http import CONNECTION_ERRORS, RsHttpClient, describe
-from harness.frontends.vllm_rs_stream import CompletionStream
+from harness.frontends.api import FrontendError, StreamHandle
+from harness.frontends.vllm_rs import driver as vllm_rs
+from harness.frontends.vllm_rs.driver import VllmRsDriver
+from harness.frontends.vllm_rs.http import CONNECTION_ERRORS, RsHttpClient, describe
+from harness.frontends.vllm_rs.stream import CompletionStream
 
 Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from harness.frontends.driver import FrontendError, UnsupportedOperation
-from harness.frontends.vllm_rs_utilities import LoraAdapters, WireLora, lora_environment
+from harness.frontends.api import FrontendError, UnsupportedOperation
+from harness.frontends.vllm_rs.utilities import LoraAdapters, WireLora, lora_environment
 
 ADAPTER = "/fixtures/tiny-lora"
 

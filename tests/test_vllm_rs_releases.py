@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from harness.frontends import vllm_rs, vllm_rs_process
-from harness.frontends.driver import Capability, UnsupportedOperation
+from harness.frontends.api import Capability, UnsupportedOperation
 from harness.frontends.registry import check_spec, make_driver
-from harness.frontends.vllm_rs_releases import (
+from harness.frontends.vllm_rs import driver as vllm_rs
+from harness.frontends.vllm_rs import process as vllm_rs_process
+from harness.frontends.vllm_rs.releases import (
     RELEASES,
     RS_CAPABILITIES,
     ReleaseSpecError,

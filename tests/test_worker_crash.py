@@ -17,8 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import process_tree
-from harness.verdicts import Verdict
+from harness.hygiene import process_tree
+from harness.results.records import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "COREWIRE_WORKER_CRASH_TEST"
@@ -65,7 +65,7 @@ def test_a_worker_killed_mid_case_is_that_cases_error(tmp_path: Path) -> None:
 
 
 def test_case_items_are_told_from_other_tests() -> None:
-    from harness.worker_crash import split_item_name
+    from harness.run.worker_crash import split_item_name
 
     assert split_item_name("conformance/test_abort.py::abort.drop.single[subprocess:./d a[b]]") \
         == ("conformance/test_abort.py", "abort.drop.single", "subprocess:./d a[b]")

@@ -1,4 +1,4 @@
-"""harness/worker_exit.py: a conformance worker ends at its last exit handler.
+"""harness/hygiene/worker_exit.py: a conformance worker ends at its last exit handler.
 
 Checked in a child interpreter (the exit is the thing under test): output still buffered is
 written, every other exit handler runs once, in the usual order, the interpreter's teardown
@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent("""
     import atexit
-    from harness import worker_exit
+    from harness.hygiene import worker_exit
     atexit.register(lambda: print("|earlier handler ran", end=""))
     worker_exit.install()
     if {later!r}:

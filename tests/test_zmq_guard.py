@@ -10,7 +10,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from harness import zmq_guard
+from harness.hygiene import zmq_guard
 
 
 def test_pyzmq_still_tracks_a_contexts_open_sockets() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from harness.timing import Timescale
+from harness.protocol.timing import Timescale
 
 TIMESCALE = Timescale.from_environment(os.environ)
 scaled = TIMESCALE.scaled

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from harness.case_context import CaseContext
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
 from harness.components import ec_scheduler_factory, ec_scheduler_name, preload_ec_scheduler
 from harness.components.ec_contract import (
     ECRequest,
@@ -24,7 +25,7 @@ from harness.components.ec_contract import (
     SchedulerShape,
     ec_request,
 )
-from harness.verdicts import Level, case
+from harness.results.records import Level
 
 PR = "PR #41627"
 SCHED = "vllm 0.33.0 v1/core/sched/scheduler.py"

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.case_context import CaseContext
+from harness.cases.context import CaseContext
+from harness.cases.declaration import case
 from harness.components import (
     FakeTransport,
     KVWorkerRig,
@@ -30,7 +31,7 @@ from harness.components import (
     kv_worker_name,
     preload_kv_worker,
 )
-from harness.verdicts import Level, case
+from harness.results.records import Level
 
 try:  # imported here: under pytest's assertion rewriting it takes seconds, not for a case
     from hypothesis import HealthCheck, Phase, given, settings

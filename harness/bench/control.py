@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from harness.bench.model import Row, Scenario, latency_figures
 from harness.bench.session import BenchFrontend, BenchOptions
-from harness.frontends.driver import StreamHandle
+from harness.frontends.api import StreamHandle
 from mock_engines.loadgen import LoadMode
 
 Progress = Callable[[str], None]

@@ -20,10 +20,10 @@ from types import TracebackType
 from typing import Any
 
 from harness.bench.proc import self_cpu, thread_cpu, thread_runnable, tree_cpu
-from harness.frontends.driver import FrontendDriver, StreamHandle
+from harness.frontends.api import FrontendDriver, StreamHandle
 from harness.frontends.registry import make_driver
-from harness.timing import DEFAULT, Timescale
-from harness.transport.endpoints import PrivateIpcDir
+from harness.protocol.timing import DEFAULT, Timescale
+from harness.protocol.transport.endpoints import PrivateIpcDir
 from mock_engines import EngineGroup, EngineScript
 from mock_engines.loadgen import LoadMode, LoadStats
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from harness.bench.model import Row, Scenario
 from harness.bench.session import BenchFrontend, BenchOptions, FrontendCpu
-from harness.frontends.driver import StreamHandle
+from harness.frontends.api import StreamHandle
 from mock_engines.loadgen import LoadMode
 
 Progress = Callable[[str], None]

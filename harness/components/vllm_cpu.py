@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from harness.vllm_dist import tiny_model_dir
+from harness.artefacts.vllm_dist import tiny_model_dir
 
 MAX_MODEL_LEN = 256
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from harness.frontends.driver import FrontendError, StreamHandle
+from harness.frontends.api import FrontendError, StreamHandle
 from harness.frontends.reference.core import (
     MAX_ABORT_BATCH,
     ReferenceFrontendCore,
@@ -16,8 +16,8 @@ from harness.frontends.reference.core import (
     Send,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
-from harness.lifecycle import Event
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import messages as m
 
 SMALL_BATCH = 8
 

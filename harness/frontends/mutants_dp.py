@@ -10,12 +10,12 @@ from typing import Any
 
 from msgspec import msgpack
 
-from harness.frontends.driver import GREEDY, FrontendError, Sampling, StartupError, StreamHandle
+from harness.frontends.api import GREEDY, FrontendError, Sampling, StartupError, StreamHandle
 from harness.frontends.reference.core import EngineState, ReferenceFrontendCore, Send
 from harness.frontends.reference.frontend import ReferenceFrontend
-from harness.lifecycle import Event
-from harness.transport.sockets import engine_identity
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.wire import messages as m
 
 
 class RankIndexesEngineList(ReferenceFrontendCore):

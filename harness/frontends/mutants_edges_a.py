@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.frontends.driver import StartupError
+from harness.frontends.api import StartupError
 from harness.frontends.reference.core import (
     EngineState,
     InconsistentResults,
@@ -18,9 +18,9 @@ from harness.frontends.reference.core import (
     UtilityFailed,
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
-from harness.lifecycle import Event
-from harness.wire import ProtocolError
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
 
 
 class ResetConnectorFlagDropped(ReferenceFrontendCore):

@@ -8,11 +8,11 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from harness.frontends.driver import GREEDY, Sampling, StreamHandle
+from harness.frontends.api import GREEDY, Sampling, StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
 from harness.frontends.reference.sessions import SessionState
-from harness.lifecycle import Event
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import messages as m
 
 # ----------------------------------------------------------------- stop-string edges
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.frontends.driver import FrontendError
+from harness.frontends.api import FrontendError
 from harness.frontends.reference.coordinator import (
     READY,
     SUBSCRIBE_ALL,
@@ -19,8 +19,8 @@ from harness.frontends.reference.coordinator import (
     Publish,
 )
 from harness.frontends.reference.core import ReferenceFrontendCore
-from harness.wire import ProtocolError
-from harness.wire import messages as m
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
 
 
 class _LoadIgnoringCoordinator(CoordinatorCore):

@@ -11,17 +11,17 @@ from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import GREEDY, Sampling, StreamHandle
+from harness.frontends.api import GREEDY, Sampling, StreamHandle
 from harness.frontends.reference.core import (
     PendingUtility,
     ReferenceFrontendCore,
     RequestState,
     Send,
 )
-from harness.lifecycle import Event
-from harness.wire import ProtocolError
-from harness.wire import messages as m
-from harness.wire.codec import AddRequest
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
+from harness.protocol.wire.codec import AddRequest
 
 # ----------------------------------------------------------------- ADD fields
 

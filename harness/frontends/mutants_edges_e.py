@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from harness.frontends.driver import StartupError
+from harness.frontends.api import StartupError
 from harness.frontends.reference.coordinator import CoordinatorCore, CoordinatorError, Effect
 from harness.frontends.reference.core import (
     EngineDeadError,
@@ -18,8 +18,8 @@ from harness.frontends.reference.core import (
     UtilityFailed,
 )
 from harness.frontends.reference.sessions import SessionError, SessionState
-from harness.timing import scaled
-from harness.wire import WireCodec
+from harness.protocol.timing import scaled
+from harness.protocol.wire import WireCodec
 
 # ----------------------------------------------------------------- after a failure
 

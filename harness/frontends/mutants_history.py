@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import GREEDY, FrontendError, Sampling, StreamHandle
+from harness.frontends.api import GREEDY, FrontendError, Sampling, StreamHandle
 from harness.frontends.mutants_edges_d import AddRewritten
 from harness.frontends.reference.coordinator import (
     TRANSITIONS,
@@ -42,11 +42,11 @@ from harness.frontends.reference.core import (
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.frontends.reference.utilities import InconsistentResults
-from harness.lifecycle import Event
-from harness.transport.sockets import engine_identity
-from harness.vocab import detokenize
-from harness.wire import messages as m
-from harness.wire.codec import AddRequest
+from harness.protocol.lifecycle import Event
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.vocab import detokenize
+from harness.protocol.wire import messages as m
+from harness.protocol.wire.codec import AddRequest
 
 
 def fired(mutant: str) -> None:

@@ -14,10 +14,10 @@ import msgspec
 
 from harness.frontends.reference.core import ReferenceFrontendCore, RequestState, Send
 from harness.frontends.reference.sessions import CLOSING_PROMPT
-from harness.lifecycle import Event
-from harness.wire import WireCodec
-from harness.wire import messages as m
-from harness.wire.codec import AddRequest
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
+from harness.protocol.wire.codec import AddRequest
 
 
 class SessionAbortOwnerOnly(ReferenceFrontendCore):

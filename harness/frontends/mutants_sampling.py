@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from harness.frontends.driver import GREEDY, Sampling, StreamHandle
+from harness.frontends.api import GREEDY, Sampling, StreamHandle
 from harness.frontends.mutants_edges_d import AddRewritten
 from harness.frontends.reference.core import (
     InvalidRequest,
@@ -21,9 +21,9 @@ from harness.frontends.reference.core import (
     RequestState,
     Send,
 )
-from harness.vocab import EOS_TOKEN_ID, detokenize
-from harness.wire import WireCodec
-from harness.wire import messages as m
+from harness.protocol.vocab import EOS_TOKEN_ID, detokenize
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
 
 
 class SamplingValuesDropped(ReferenceFrontendCore):

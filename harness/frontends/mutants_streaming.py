@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, RequestState
-from harness.lifecycle import Event
-from harness.wire import ProtocolError
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import ProtocolError
+from harness.protocol.wire import messages as m
 
 F = m.FinishReason
 

@@ -14,7 +14,7 @@ from harness.frontends.reference.core import (
     Send,
 )
 from harness.frontends.reference.utilities import UTILITY_AGGREGATION, Aggregation
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 
 
 def _table(**changes: Aggregation) -> dict[str, Aggregation]:

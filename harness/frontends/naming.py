@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from harness.frontends.registry import parse_spec
-from harness.timing import DEFAULT, Timescale
+from harness.protocol.timing import DEFAULT, Timescale
 
 EXPLICIT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.@+-]{0,63})=(.+)$", re.DOTALL)
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.@+:-]+")

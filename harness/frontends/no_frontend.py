@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.frontends.driver import (
+from harness.frontends.api import (
     FrontendDriver,
     ObservedConfig,
     Sampling,

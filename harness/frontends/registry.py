@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harness.frontends.driver import FrontendDriver
-from harness.timing import DEFAULT, Timescale
-from harness.wire.profiles import ProtocolProfile, profile_for_release
+from harness.frontends.api import FrontendDriver
+from harness.protocol.timing import DEFAULT, Timescale
+from harness.protocol.wire.profiles import ProtocolProfile, profile_for_release
 
 REFERENCE_SUBPROCESS = [sys.executable, "-m", "harness.frontends.subprocess.program"]
 
@@ -94,7 +94,7 @@ def check_spec(spec: str) -> None:
             raise ValueError(f"frontend {spec!r}: cannot split the command ({exc})") from None
     elif parsed.kind == "vllm-rs":
         if parsed.argument:
-            from harness.frontends.vllm_rs_releases import release_of
+            from harness.frontends.vllm_rs.releases import release_of
 
             release_of(spec)  # ReleaseSpecError is a ValueError with the one line
     elif parsed.kind == "mutant":
@@ -112,7 +112,7 @@ def spec_profile(spec: str) -> ProtocolProfile | None:
     `vllm-rs@X` release's own (its Rust decoder refuses any other array length, so its
     driver declares it: VllmRsDriver.protocol_profile); None for every other spec
     (vllm-0.33). What the report labels say, without building a driver."""
-    from harness.frontends.vllm_rs_releases import release_of
+    from harness.frontends.vllm_rs.releases import release_of
 
     release = release_of(spec) if parse_spec(spec).kind == "vllm-rs" else None
     return None if release is None else profile_for_release(release.version)
@@ -138,15 +138,15 @@ def _build_driver(spec: str) -> FrontendDriver:
                    else REFERENCE_SUBPROCESS)
         return SubprocessDriver(command, name=spec)
     if parsed.kind == "vllm-rs":
-        from harness.frontends.vllm_rs import VllmRsDriver
+        from harness.frontends.vllm_rs.driver import VllmRsDriver
 
         if not parsed.argument:
             return VllmRsDriver()
-        from harness.frontends.vllm_rs_releases import release_of
+        from harness.frontends.vllm_rs.releases import release_of
 
         return VllmRsDriver(release=release_of(spec))
     if parsed.kind == "vllm-py":
-        from harness.frontends.vllm_py import VllmPyDriver
+        from harness.frontends.vllm_py.driver import VllmPyDriver
 
         return VllmPyDriver()
     if parsed.is_component:  # component cases: no frontend involved

@@ -3,7 +3,7 @@ own (loaded by [tool.mutmut] pytest_add_cli_args in pyproject.toml, `-p
 harness.mutation.children`).
 
 mutmut runs up to --max-children pytest sessions at once, all with the pyproject's one
---report-dir; one run owns a report dir (harness/report/dirlock.py), so every concurrent
+--report-dir; one run owns a report dir (harness/results/dirlock.py), so every concurrent
 child was refused (exit 4) and counted as a kill, on any mutant. Runs that read their own
 reports afterwards (harness/mutation/sample.py) do not load this plugin.
 """

@@ -2,7 +2,7 @@
 
 The conformance plugin skips a NON-STRICT item (a SHOULD not met), but mutmut counts only
 failing pytest runs as kills. A mutant a SHOULD case grades NON-STRICT is caught, exactly
-as in the hand-written kill matrix (harness/report/killmatrix.py), so mutation runs load
+as in the hand-written kill matrix (harness/results/killmatrix.py), so mutation runs load
 this plugin (`-p harness.mutation.strict`, see [tool.mutmut] in pyproject.toml).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Generator
 
 import pytest
 
-from harness.report.schema import decode_result
+from harness.results.schema import decode_result
 
 CAUGHT = ("FAIL", "ERROR", "TIMEOUT", "NON-STRICT")
 

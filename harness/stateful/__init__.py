@@ -4,7 +4,7 @@ One public concern per module (as hypothesis keeps its own stateful testing):
 
 * invariants.py  -- the catalogue of rules the machine checks, by stable name
 * model.py       -- `WireModel`: what the frontend owes each stream and engine, moved along
-                    the shared request lifecycle (harness/lifecycle.py)
+                    the shared request lifecycle (harness/protocol/lifecycle.py)
 * probe.py       -- the core's wire boundary, observed for the model
 * worlds.py      -- the in-memory world (`SansIOWorld`) and the `World` interface;
   socket_world.py   the real-ZMQ world (`SocketWorld`)

@@ -20,10 +20,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from harness import casekit
-from harness.frontends.driver import FrontendError, StartupError
+from harness.cases import helpers as casekit
+from harness.frontends.api import FrontendError, StartupError
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
+from harness.protocol.timing import Timescale
+from harness.protocol.vocab import token_text
+from harness.protocol.wire import VLLM_0_33, codec_for
+from harness.protocol.wire import messages as m
 from harness.stateful.invariants import InvariantViolation
 from harness.stateful.model import RequestModel, WireModel
 from harness.stateful.plan import (
@@ -44,10 +48,6 @@ from harness.stateful.plan import (
 )
 from harness.stateful.settings import stateful_timescale, stop_strings_enabled
 from harness.stateful.worlds import TRANSPORTS, SansIOWorld, World, make_world
-from harness.timing import Timescale
-from harness.vocab import token_text
-from harness.wire import VLLM_0_33, codec_for
-from harness.wire import messages as m
 from mock_engines.script import EngineScript, Step, UtilityReply, default_ready, default_steps
 from mock_engines.transcript import Record
 

@@ -2,7 +2,7 @@
 
 `WireModel` never asks the core what it did. The probe (probe.py) feeds it exactly the
 frames the core hands out and takes in, decoded with the real codec; each request's
-phase moves only through the shared lifecycle table (harness/lifecycle.py), and every
+phase moves only through the shared lifecycle table (harness/protocol/lifecycle.py), and every
 check compares what crossed the wire with what the phase says was owed.
 """
 
@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends.api import StreamHandle
 from harness.frontends.reference.core import Send
-from harness.lifecycle import Event, Phase, next_phase
+from harness.protocol.lifecycle import Event, Phase, next_phase
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.vocab import detokenize
+from harness.protocol.wire import AbortRequests, AddRequest, EngineDead, ProtocolError, WireCodec
+from harness.protocol.wire import messages as m
 from harness.stateful.invariants import InvariantViolation
-from harness.transport.sockets import engine_identity
-from harness.vocab import detokenize
-from harness.wire import AbortRequests, AddRequest, EngineDead, ProtocolError, WireCodec
-from harness.wire import messages as m
 
 
 @dataclass(eq=False)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from harness.wire import messages as m
+from harness.protocol.wire import messages as m
 from mock_engines.engine import MockEngineCore
 from mock_engines.script import Die, Emit, Finish, Step
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.frontends.driver import StreamHandle
+from harness.frontends.api import StreamHandle
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, Send
 from harness.stateful.model import WireModel
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import hypothesis
 
-from harness.timing import Timescale
+from harness.protocol.timing import Timescale
 
 EXAMPLES_ENV = "COREWIRE_STATEFUL_EXAMPLES"
 STOP_STRINGS_ENV = "COREWIRE_STATEFUL_STOP_STRINGS"  # "0": requests never carry stop strings

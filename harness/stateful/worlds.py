@@ -19,14 +19,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from harness.frontends.core_io import SyncWaiter, UtilityWaiters, drain_pass, no_reply, take_output
-from harness.frontends.driver import StartupError, StreamHandle
+from harness.frontends.api import StartupError, StreamHandle
 from harness.frontends.reference.core import ReferenceFrontendCore, Send
 from harness.frontends.reference.frontend import CoreFactory
+from harness.frontends.reference.waiters import (
+    SyncWaiter,
+    UtilityWaiters,
+    drain_pass,
+    no_reply,
+    take_output,
+)
+from harness.protocol.timing import DEFAULT, Timescale
+from harness.protocol.transport.sockets import engine_identity
 from harness.stateful.model import WireModel
 from harness.stateful.probe import probe_core
-from harness.timing import DEFAULT, Timescale
-from harness.transport.sockets import engine_identity
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore
 from mock_engines.script import EngineScript
 from mock_engines.transcript import Record

@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from harness.frontends.driver import FrontendDriver
-from harness.transport.endpoints import PrivateIpcDir
+from harness.frontends.api import FrontendDriver
+from harness.protocol.transport.endpoints import PrivateIpcDir
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply
 

@@ -1,6 +1,7 @@
 """Drift check: our hand-written message layouts against vLLM's own classes.
 
-harness/wire/messages.py is written from protocol facts, not copied. This lane imports the real
+harness/protocol/wire/messages.py is written from protocol facts, not copied.
+This lane imports the real
 vLLM and compares, per message type, what decides the bytes: field names and order, which
 fields are required, defaults (enum defaults as their values), the struct options that change
 the encoding, and the enum values. A mismatch fails with a unified diff of the two layouts
@@ -21,8 +22,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from harness.wire import VLLM_0_33
-from harness.wire import messages as m
+from harness.protocol.wire import VLLM_0_33
+from harness.protocol.wire import messages as m
 
 pytestmark = pytest.mark.vllm
 

@@ -31,21 +31,21 @@ from typing import Any
 import msgspec
 import pytest
 
-from harness.casekit import trickle
-from harness.frontends.driver import FrontendError
+from harness.cases.helpers import trickle
+from harness.frontends.api import FrontendError
 from harness.frontends.reference import ReferenceDriver
-from harness.wire import AbortRequests
-from harness.wire import messages as m
-from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript, by_prompt
-from mock_engines.transcript import Record
-from mock_engines.vllm_core import (
+from harness.protocol.wire import AbortRequests
+from harness.protocol.wire import messages as m
+from harness.vllm_engine import (
     RecordingProxy,
     VllmCoreError,
     VllmCoreGroup,
     shutdown_servers,
 )
-from mock_engines.vllm_core.engine_server import SERVER_START_TIMEOUT, engine_server
+from harness.vllm_engine.engine_server import SERVER_START_TIMEOUT, engine_server
+from mock_engines.group import EngineGroup
+from mock_engines.script import EngineScript, by_prompt
+from mock_engines.transcript import Record
 from tests.timescale import TIMESCALE, scaled
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]

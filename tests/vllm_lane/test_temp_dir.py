@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.timing import scaled
+from harness.protocol.timing import scaled
 
 pytestmark = pytest.mark.vllm
 
@@ -31,7 +31,7 @@ CASE = "handshake.mode.hello_init_ready_2_engines"
 RUN_BOUND = 300.0  # seconds (scaled): vLLM's import (~30 s here) and two cases
 # Loaded with -p: vllm-py without its fix (vLLM's ipc base left at the temp dir).
 OLD_BEHAVIOUR = """
-from harness.frontends import vllm_py
+from harness.frontends.vllm_py import driver as vllm_py
 vllm_py.hold_rpc_base = lambda path: None
 vllm_py.release_rpc_base = lambda path: None
 """

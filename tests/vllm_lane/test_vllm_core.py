@@ -20,18 +20,18 @@ import pytest
 import zmq
 
 from harness.frontends.reference import ReferenceDriver
-from harness.transport.endpoints import PrivateIpcDir
-from harness.transport.sockets import engine_identity, make_socket
-from harness.wire import DEFAULT_CODEC, AbortRequests, AddRequest
-from harness.wire import messages as m
-from mock_engines.vllm_core import (
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.transport.sockets import engine_identity, make_socket
+from harness.protocol.wire import DEFAULT_CODEC, AbortRequests, AddRequest
+from harness.protocol.wire import messages as m
+from harness.vllm_engine import (
     EngineUnavailable,
     VllmCoreError,
     VllmCoreGroup,
     check_available,
     shutdown_servers,
 )
-from mock_engines.vllm_core.engine_server import SERVER_START_TIMEOUT, engine_server
+from harness.vllm_engine.engine_server import SERVER_START_TIMEOUT, engine_server
 from tests.timescale import TIMESCALE, scaled
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(SERVER_START_TIMEOUT + 60)]

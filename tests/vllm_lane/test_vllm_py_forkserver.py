@@ -22,15 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.frontends import vllm_py_forkserver
+from harness.frontends.vllm_py import forkserver as vllm_py_forkserver
 
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import os, socket, sys, time
-    from harness.frontends import vllm_py, vllm_py_forkserver
-    from harness.frontends.vllm_py_forkserver import coordinator_context, how_started
+    from harness.frontends.vllm_py import driver as vllm_py
+    from harness.frontends.vllm_py import forkserver as vllm_py_forkserver
+    from harness.frontends.vllm_py.forkserver import coordinator_context, how_started
     from multiprocessing import forkserver
 
     def write_inherited():  # a coordinator-like child using the worker's stream object

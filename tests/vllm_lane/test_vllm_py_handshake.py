@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.casekit import prompt, request_for
-from harness.frontends.driver import StartupError, StartupHang
-from harness.frontends.vllm_py import VllmPyDriver
-from harness.frontends.vllm_py_handshake import STARTUP_GRACE
-from harness.leaks import _children
-from harness.transport.endpoints import PrivateIpcDir
-from harness.wire import messages as m
+from harness.cases.helpers import prompt, request_for
+from harness.frontends.api import StartupError, StartupHang
+from harness.frontends.vllm_py.driver import VllmPyDriver
+from harness.frontends.vllm_py.handshake import STARTUP_GRACE
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import messages as m
+from harness.run.leaks import _children
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 from tests.timescale import TIMESCALE, scaled

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.casekit import hold, prompt, request_for, requests_for
-from harness.frontends.driver import FrontendError, StartupError
-from harness.frontends.vllm_py import VllmPyDriver
-from harness.transport.endpoints import PrivateIpcDir
+from harness.cases.helpers import hold, prompt, request_for, requests_for
+from harness.frontends.api import FrontendError, StartupError
+from harness.frontends.vllm_py.driver import VllmPyDriver
+from harness.protocol.transport.endpoints import PrivateIpcDir
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 from tests.timescale import TIMESCALE, scaled

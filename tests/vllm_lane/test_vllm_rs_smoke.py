@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
-from harness.casekit import hold, prompt, request_for, requests_for
-from harness.frontends.driver import FrontendError, StartupError, UnsupportedOperation
-from harness.frontends.vllm_rs import VllmRsDriver
-from harness.frontends.vllm_rs_control import ControlError
-from harness.vllm_dist import VllmArtifactError, tiny_lora_dir, vllm_rs_binary
+from harness.artefacts.vllm_dist import VllmArtifactError, tiny_lora_dir, vllm_rs_binary
+from harness.cases.helpers import hold, prompt, request_for, requests_for
+from harness.frontends.api import FrontendError, StartupError, UnsupportedOperation
+from harness.frontends.vllm_rs.control import ControlError
+from harness.frontends.vllm_rs.driver import VllmRsDriver
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
 from tests.timescale import TIMESCALE, scaled
@@ -212,7 +212,7 @@ def test_explicit_abort_maps_engine_ids() -> None:
 
 
 def test_request_error_ends_stream() -> None:
-    from harness.wire import messages as m
+    from harness.protocol.wire import messages as m
     from mock_engines.script import Finish, by_prompt
 
     async def body(driver: VllmRsDriver, group: EngineGroup) -> None:

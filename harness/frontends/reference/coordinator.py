@@ -27,8 +27,8 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.wire import ProtocolError, WireCodec
-from harness.wire import messages as m
+from harness.protocol.wire import ProtocolError, WireCodec
+from harness.protocol.wire import messages as m
 
 READY = b"READY"
 SUBSCRIBE_ALL = b"\x01"

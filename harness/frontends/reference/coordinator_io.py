@@ -24,7 +24,7 @@ from harness.frontends.reference.coordinator import (
     Effect,
     Publish,
 )
-from harness.transport.sockets import make_socket
+from harness.protocol.transport.sockets import make_socket
 
 
 class CoordinatorTransport:

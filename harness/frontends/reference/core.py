@@ -4,7 +4,7 @@ It is correct by construction and deliberately explicit: each rule the conforman
 check is one small method (routing, ready aggregation, abort batching, utility
 aggregation, death handling), so a mutant frontend overrides exactly one of them.
 
-Every request carries a `Phase` of the lifecycle table (harness/lifecycle.py, the frontend
+Every request carries a `Phase` of the lifecycle table (harness/protocol/lifecycle.py, the frontend
 role), and `_advance` is the one place a phase changes: `requests` (the live ones),
 `stopped` (ended at a stop string, ABORT owed) and `ended` (terminal, the newest MAX_ENDED)
 are indexes `_advance` keeps in step with the phases, and the drain queue `pending_drops`
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from harness.frontends.driver import (
+from harness.frontends.api import (
     GREEDY,
     FrontendError,
     ObservedConfig,
@@ -42,11 +42,11 @@ from harness.frontends.reference.utilities import (
     UtilityFailed,
     UtilityRules,
 )
-from harness.lifecycle import Event, Phase, next_phase
-from harness.transport.sockets import engine_identity
-from harness.vocab import EOS_TOKEN_ID, detokenize
-from harness.wire import EngineDead, ProtocolError, WireCodec
-from harness.wire import messages as m
+from harness.protocol.lifecycle import Event, Phase, next_phase
+from harness.protocol.transport.sockets import engine_identity
+from harness.protocol.vocab import EOS_TOKEN_ID, detokenize
+from harness.protocol.wire import EngineDead, ProtocolError, WireCodec
+from harness.protocol.wire import messages as m
 
 MAX_ABORT_BATCH = 1024  # ids per drain pass, as vLLM's Rust client does
 # Terminal requests remembered (newest last), so a late drop, abort or output of one is a

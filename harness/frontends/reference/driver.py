@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.frontends.driver import (
+from harness.frontends.api import (
     ALL_CAPABILITIES,
     GREEDY,
     PASS_THROUGH_FIELDS,
@@ -20,11 +20,11 @@ from harness.frontends.driver import (
 )
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
-from harness.transport.endpoints import PrivateIpcDir
-from harness.wire import VLLM_0_33, ProtocolProfile, codec_for
+from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import VLLM_0_33, ProtocolProfile, codec_for
 
 if TYPE_CHECKING:
-    from harness.frontends.engine_side import EngineSide
+    from harness.frontends.api import EngineSide
 
 
 class ReferenceDriver(FrontendDriver):

@@ -18,8 +18,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from harness.frontends.core_io import UtilityWaiters, drain_pass, no_reply, take_output
-from harness.frontends.driver import GREEDY, Sampling, StartupError, StreamHandle
+from harness.frontends.api import GREEDY, Sampling, StartupError, StreamHandle
 from harness.frontends.reference.coordinator import (
     CoordinatorError,
     Effect,
@@ -29,10 +28,11 @@ from harness.frontends.reference.coordinator import (
 )
 from harness.frontends.reference.coordinator_io import CoordinatorTransport
 from harness.frontends.reference.core import EngineDeadError, PendingUtility, ReferenceFrontendCore
-from harness.timing import DEFAULT, Timescale
-from harness.transport.sockets import make_socket
-from harness.wire import ProtocolError, WireCodec
-from harness.wire import messages as m
+from harness.frontends.reference.waiters import UtilityWaiters, drain_pass, no_reply, take_output
+from harness.protocol.timing import DEFAULT, Timescale
+from harness.protocol.transport.sockets import make_socket
+from harness.protocol.wire import ProtocolError, WireCodec
+from harness.protocol.wire import messages as m
 
 SUBSCRIBE_ALL = b"\x01"  # an XSUB subscription to every topic (what a 0.33.0 coordinator
 # ignores; any other message from a frontend it logs as unexpected, coordinator.py:311-354)

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.frontends.driver import GREEDY, FrontendError, Sampling, StreamHandle
-from harness.lifecycle import Event
-from harness.wire import WireCodec
-from harness.wire import messages as m
+from harness.frontends.api import GREEDY, FrontendError, Sampling, StreamHandle
+from harness.protocol.lifecycle import Event
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
     from harness.frontends.reference.core import EngineState, RequestState, Send

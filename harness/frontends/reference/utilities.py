@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.frontends.driver import FrontendError
-from harness.wire import WireCodec
-from harness.wire import messages as m
+from harness.frontends.api import FrontendError
+from harness.protocol.wire import WireCodec
+from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
     from harness.frontends.reference.core import EngineState, Send

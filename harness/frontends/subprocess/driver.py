@@ -21,8 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness import ownership, process_tree
-from harness.frontends.driver import (
+from harness.frontends.api import (
     GREEDY,
     PASS_THROUGH_FIELDS,
     TENSOR_FIELDS,
@@ -38,7 +37,6 @@ from harness.frontends.driver import (
     UnsupportedOperation,
     check_generate_options,
 )
-from harness.frontends.stderr_capture import StderrCapture
 from harness.frontends.subprocess.exchange import FROM_DRIVER, TO_DRIVER, ExchangeLog
 from harness.frontends.subprocess.protocol import (
     MAX_LINE,
@@ -50,9 +48,11 @@ from harness.frontends.subprocess.protocol import (
     encode_line,
     model_facts,
 )
+from harness.frontends.subprocess.stderr_capture import StderrCapture
+from harness.hygiene import ownership, process_tree
 
 if TYPE_CHECKING:
-    from harness.frontends.engine_side import EngineSide
+    from harness.frontends.api import EngineSide
 
 # Commands added after the first protocol release: an older driver program that answers
 # them with a plain "unknown command" error lacks them (UNSUPPORTED), it is not broken.

@@ -42,9 +42,9 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any, BinaryIO, NoReturn
 
-from harness.frontends.driver import Capability, FrontendError
+from harness.frontends.api import Capability, FrontendError
 from harness.frontends.subprocess.protocol import encode_line
-from harness.transport.endpoints import PrivateIpcDir
+from harness.protocol.transport.endpoints import PrivateIpcDir
 
 FAULT_VARIABLE = "COREWIRE_DRIVER_FAULT"
 # What a first-release driver program declares (the `old_protocol` fault).

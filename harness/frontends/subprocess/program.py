@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
 
-from harness.frontends.driver import (
+from harness.frontends.api import (
     FrontendDriver,
     FrontendError,
     Sampling,
@@ -48,7 +48,7 @@ from harness.frontends.subprocess.protocol import (
     model_facts,
 )
 from harness.frontends.subprocess.remote_engines import RemoteEngineSide, StartupBound
-from harness.timing import Timescale
+from harness.protocol.timing import Timescale
 
 EX_USAGE, EX_SOFTWARE = 64, 70
 # The bound a driver's start reads until `wait_ready` settles it (see StartupBound).
@@ -346,7 +346,7 @@ def agreed_version(offered: Any) -> int:
 
 
 def check_model(model: Any) -> None:
-    """The in-process frontends serve harness.vocab's tiny model: a version-2 `init` naming
+    """The in-process frontends serve harness.protocol.vocab's tiny model: a version-2 `init` naming
     another (an EOS id they would not put on the ADD) is refused, never half-honoured."""
     if not isinstance(model, dict):
         raise FrontendError(f"init: a version-2 `model` must be an object, got {model!r}")

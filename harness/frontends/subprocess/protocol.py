@@ -13,9 +13,9 @@ import contextlib
 import json
 from typing import Any
 
-from harness.frontends.driver import DriverFault
-from harness.vllm_dist import VllmArtifactError, tiny_model_dir
-from harness.vocab import (
+from harness.artefacts.vllm_dist import VllmArtifactError, tiny_model_dir
+from harness.frontends.api import DriverFault
+from harness.protocol.vocab import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
     MAX_POSITION_EMBEDDINGS,

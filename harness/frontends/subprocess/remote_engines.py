@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.frontends.driver import StartupError
+from harness.frontends.api import StartupError
 
 
 class StartupBound(float):
