@@ -68,7 +68,7 @@ def cases_dir() -> Path:
 def require_cases_dir() -> Path:
     """The cases directory, else a MissingInstallError saying why there are no cases."""
     path = cases_dir()
-    if not (path / "__init__.py").is_file() or not any(path.glob("test_*.py")):
+    if not (path / "__init__.py").is_file() or not any(path.glob("*/test_*.py")):
         raise MissingInstallError(
             f"corewire's conformance cases are not installed: no '{CASES_PACKAGE}' package "
             f"with case modules at {path} (beside harness at {IMPORT_ROOT / 'harness'}); "

@@ -1,7 +1,7 @@
 """The BEFORE figure of the history mutants (docs/mutation-history.md).
 
 Runs the whole wire suite (`-m "not components"`) against each history mutant in turn
-(harness/frontends/mutants.HISTORY_MUTANTS; one child pytest run per mutant, so runs are
+(harness.mutation.registry.history_mutants(); one child pytest run per mutant, so runs are
 serialised) with the firing check loaded (harness/mutation/history_fired.py), and records
 for every mutant: the cases that caught it (verdict and level), and the cases during which
 its broken branch fired. Writes fixtures/history-mutants.json and prints a summary.
@@ -26,7 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.frontends.mutants import HISTORY_MUTANTS  # noqa: E402
+from harness.mutation.registry import history_mutants  # noqa: E402
+
+HISTORY_MUTANTS = history_mutants()
 from harness.results.killmatrix import HARMLESS, PREFIX  # noqa: E402
 from harness.results.writer import load_results  # noqa: E402
 

@@ -17,7 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS  # noqa: E402
+from harness.mutation.registry import JUSTIFIED_IDLE_CASES, mutants  # noqa: E402
+
+MUTANTS = mutants()
 from harness.results.killmatrix import (  # noqa: E402
     HARMLESS,
     Kill,

@@ -1,4 +1,4 @@
-"""The history mutants (harness/frontends/mutants_history.py, docs/mutation-history.md).
+"""The history mutants (`history=True` in conformance/<area>/mutants.py, docs/mutation-history.md).
 
 Each one is a bug class from vLLM's own history; they are runnable as `mutant:NAME` but kept
 out of the kill matrix until a case catches them. Checked here without sockets, on real
@@ -19,9 +19,32 @@ from typing import Any
 
 import pytest
 
-from harness.frontends import mutants_history as mh
+from conformance.abort.mutants import AbortBeforeTrackedLost, AbortByExternalId, IdFreedBeforeAbort
+from conformance.dp.mutants import (
+    FirstEngineUntilStats,
+    FixedTieBreak,
+    RankCheckedAgainstCount,
+    StaleStartWaveRewinds,
+)
+from conformance.failure.mutants import ConnectionLossNotDeath
+from conformance.streaming.mutants import (
+    EmptyPromptSent,
+    KvParamsNotForwarded,
+    MinTokensOverMaxSent,
+    PromptOverContextSent,
+    PromptTextLeaked,
+    SessionAbortIsBoundary,
+    StopAtTokenEndOnly,
+    StopFirstListed,
+    StopNoHoldback,
+    StopWithinMinTokens,
+)
+from conformance.utility.mutants import (
+    CallsPendingAfterReceiverStop,
+    LateReplyAfterCancelFatal,
+    UtilityEngineZeroAnswer,
+)
 from harness.frontends.api import FrontendError, Sampling
-from harness.frontends.mutants import HISTORY_MUTANTS, MUTANTS, RUNNABLE_MUTANTS
 from harness.frontends.reference.coordinator import CoordinatorCore, Publish, Signal
 from harness.frontends.reference.core import (
     DuplicateRequestId,
@@ -32,6 +55,8 @@ from harness.frontends.reference.core import (
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.frontends.registry import check_spec, make_driver
+from harness.mutation import registry
+from harness.mutation.registry import history_mutants, mutants, runnable_mutants
 from harness.protocol.transport.sockets import engine_identity
 from harness.protocol.vocab import detokenize
 from harness.protocol.wire import DEFAULT_CODEC, AbortRequests, AddRequest
@@ -39,6 +64,10 @@ from harness.protocol.wire import messages as m
 from harness.results.killmatrix import KillMatrix
 from mock_engines.engine import MockEngineCore
 from mock_engines.script import EngineScript, default_ready
+
+MUTANTS = mutants()
+HISTORY_MUTANTS = history_mutants()
+RUNNABLE_MUTANTS = runnable_mutants()
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "fixtures" / "history-mutants.json"
@@ -49,7 +78,7 @@ F = m.FinishReason
 def fired(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The names the history mutants report firing with, in order."""
     seen: list[str] = []
-    monkeypatch.setattr(mh, "fired", seen.append)
+    monkeypatch.setattr(registry, "fired", seen.append)
     yield seen
 
 
@@ -126,7 +155,7 @@ def test_the_before_record_covers_every_history_mutant() -> None:
 
 
 def test_first_engine_until_stats(fired: list[str]) -> None:
-    core = _ready(mh.FirstEngineUntilStats)
+    core = _ready(FirstEngineUntilStats)
     first = [core.request(core.add_request([5 + i], 4)[0].request_id or "") for i in range(3)]
     assert [s.rank for s in first if s] == [0, 0, 0] and fired
     core.on_load_report(1, 0, 0)  # the first stats update
@@ -139,7 +168,7 @@ def test_first_engine_until_stats(fired: list[str]) -> None:
 
 
 def test_fixed_tie_break(fired: list[str]) -> None:
-    for cls, second_rank in ((ReferenceFrontendCore, 1), (mh.FixedTieBreak, 0)):
+    for cls, second_rank in ((ReferenceFrontendCore, 1), (FixedTieBreak, 0)):
         core = _ready(cls)
         handle, _ = core.add_request([5], 1)
         assert handle.request_id is not None
@@ -165,13 +194,13 @@ def _stopped_text(cls: type[ReferenceFrontendCore], stop: list[str],
 def test_stop_first_listed(fired: list[str]) -> None:
     # " t12": "t1" starts at 1 and completes first, "2" (listed first) completes last.
     assert _stopped_text(ReferenceFrontendCore, ["2", "t1"], [[12]]) == (" ", "stop")
-    assert _stopped_text(mh.StopFirstListed, ["2", "t1"], [[12]]) == (" t1", "stop")
+    assert _stopped_text(StopFirstListed, ["2", "t1"], [[12]]) == (" t1", "stop")
     assert fired == ["hist_stop_first_listed"]
 
 
 def test_stop_at_token_end_only(fired: list[str]) -> None:
     assert _stopped_text(ReferenceFrontendCore, ["t1"], [[12]]) == (" ", "stop")
-    text, reason = _stopped_text(mh.StopAtTokenEndOnly, ["t1"], [[12], [13]])
+    text, reason = _stopped_text(StopAtTokenEndOnly, ["t1"], [[12], [13]])
     assert reason is None and text.startswith(" t12")  # never matched: generation runs on
     assert fired and set(fired) == {"hist_stop_at_token_end_only"}
 
@@ -180,8 +209,8 @@ def test_stop_no_holdback(fired: list[str]) -> None:
     # The stop string "12 t13" spans from the end of token 12 into token 13.
     assert _stopped_text(ReferenceFrontendCore, ["12 t13"], [[12]]) == ("", None)
     assert _stopped_text(ReferenceFrontendCore, ["12 t13"], [[12], [13]]) == (" t", "stop")
-    assert _stopped_text(mh.StopNoHoldback, ["12 t13"], [[12]]) == (" t12", None)
-    text, reason = _stopped_text(mh.StopNoHoldback, ["12 t13"], [[12], [13]])
+    assert _stopped_text(StopNoHoldback, ["12 t13"], [[12]]) == (" t12", None)
+    text, reason = _stopped_text(StopNoHoldback, ["12 t13"], [[12], [13]])
     assert (text, reason) == (" t12", "stop")  # the first part of the stop string leaked
     assert "hist_stop_no_holdback" in fired
 
@@ -195,7 +224,7 @@ def test_id_freed_before_abort(fired: list[str]) -> None:
     reference.queue_drop(["x"])
     with pytest.raises(DuplicateRequestId):
         reference.add_request([6], 8, request_id="x")
-    core = _ready(mh.IdFreedBeforeAbort)
+    core = _ready(IdFreedBeforeAbort)
     first, _ = core.add_request([5], 8, request_id="x", data_parallel_rank=0)
     core.queue_drop(["x"])
     assert first.finish_reason == "abort"  # freed at once
@@ -205,7 +234,7 @@ def test_id_freed_before_abort(fired: list[str]) -> None:
 
 
 def test_abort_by_external_id(fired: list[str]) -> None:
-    core = _ready(mh.AbortByExternalId)
+    core = _ready(AbortByExternalId)
     handle, (_identity, frames) = core.add_request([5], 8, request_id="x")
     add = _add_of(frames)
     assert re.fullmatch(r"x-[0-9a-f]{8}", add.request_id) and add.external_req_id == "x"
@@ -217,7 +246,7 @@ def test_abort_by_external_id(fired: list[str]) -> None:
 
 
 def test_abort_before_tracked_lost(fired: list[str]) -> None:
-    core = _ready(mh.AbortBeforeTrackedLost)
+    core = _ready(AbortBeforeTrackedLost)
     handle, _ = core.add_request([5], 8)
     assert handle.request_id is not None
     assert core.abort([handle.request_id]) == [] and not handle.ended
@@ -234,7 +263,7 @@ def test_rank_checked_against_count(fired: list[str]) -> None:
     assert reference.add_request([5], 8, data_parallel_rank=2)[1][0] == engine_identity(2)
     with pytest.raises(FrontendError):
         reference.add_request([5], 8, data_parallel_rank=0)
-    core = _ready(mh.RankCheckedAgainstCount, ranks=(2, 3))
+    core = _ready(RankCheckedAgainstCount, ranks=(2, 3))
     with pytest.raises(FrontendError, match="out of range for 2 engine"):
         core.add_request([5], 8, data_parallel_rank=2)
     _handle, (identity, frames) = core.add_request([6], 8, data_parallel_rank=0)
@@ -244,7 +273,7 @@ def test_rank_checked_against_count(fired: list[str]) -> None:
 
 def test_stale_start_wave_rewinds(fired: list[str]) -> None:
     ref_coord = CoordinatorCore(2, codec=DEFAULT_CODEC)
-    coord = mh.StaleStartWaveRewinds.coordinator_class(2, codec=DEFAULT_CODEC)
+    coord = StaleStartWaveRewinds.coordinator_class(2, codec=DEFAULT_CODEC)
     for c in (ref_coord, coord):
         c.apply(Signal.WAVE_COMPLETE, 3, 0)  # wave 3 done: current wave 4, paused
     assert ref_coord.apply(Signal.START_WAVE, 3, 1) == []  # stale: ignored
@@ -260,7 +289,7 @@ def test_stale_start_wave_rewinds(fired: list[str]) -> None:
 def test_utility_engine_zero_answer(fired: list[str]) -> None:
     with pytest.raises(InconsistentResults):
         _ready().aggregate_is_sleeping([True, False])
-    core = _ready(mh.UtilityEngineZeroAnswer)
+    core = _ready(UtilityEngineZeroAnswer)
     assert core.aggregate_is_sleeping([True, False]) is True
     assert core.aggregate_reset_prefix_cache([True, False]) is True
     assert core.aggregate("collective_rpc", [[1], [2]]) == [1]
@@ -277,7 +306,7 @@ def test_late_reply_after_cancel_fatal(fired: list[str]) -> None:
                 rank, [], utility_output=m.UtilityOutput(
                     call_id, None, m.UtilityResult(None, False)))))
 
-    reference, core = _ready(), _ready(mh.LateReplyAfterCancelFatal)
+    reference, core = _ready(), _ready(LateReplyAfterCancelFatal)
     late_reply(reference)
     late_reply(core)
     assert reference.dead is None
@@ -286,7 +315,7 @@ def test_late_reply_after_cancel_fatal(fired: list[str]) -> None:
 
 
 def test_connection_loss_not_death(fired: list[str]) -> None:
-    core = _ready(mh.ConnectionLossNotDeath)
+    core = _ready(ConnectionLossNotDeath)
     core.mark_dead("engine connection lost ('ipc://x' disconnected)")
     assert core.dead is None and fired == ["hist_connection_loss_not_death"]
     core.mark_dead("ENGINE_CORE_DEAD received")
@@ -295,7 +324,7 @@ def test_connection_loss_not_death(fired: list[str]) -> None:
 
 def test_calls_pending_after_receiver_stop(fired: list[str]) -> None:
     async def run() -> tuple[bool, bool]:
-        frontend = mh.CallsPendingAfterReceiverStop(
+        frontend = CallsPendingAfterReceiverStop(
             [0, 1], codec=DEFAULT_CODEC, core_factory=lambda ranks, codec: _ready())
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
@@ -320,13 +349,13 @@ def test_kv_params_not_forwarded(fired: list[str]) -> None:
     params = {"kv_transfer_params": {"do_remote_decode": True}, "cache_salt": "s"}
     assert _ready().pass_through(params) == ({"kv_transfer_params": {
         "do_remote_decode": True}}, "s")
-    assert _ready(mh.KvParamsNotForwarded).pass_through(params) == (None, "s")
+    assert _ready(KvParamsNotForwarded).pass_through(params) == (None, "s")
     assert fired == ["hist_kv_params_not_forwarded"]
 
 
 def test_prompt_text_leaked(fired: list[str]) -> None:
     for cls, text in ((ReferenceFrontendCore, " t7 t8"),
-                      (mh.PromptTextLeaked, detokenize([5, 6]) + " t7 t8")):
+                      (PromptTextLeaked, detokenize([5, 6]) + " t7 t8")):
         core = _ready(cls)
         handle, _ = core.add_request([5, 6], 8)
         assert handle.request_id is not None
@@ -337,7 +366,7 @@ def test_prompt_text_leaked(fired: list[str]) -> None:
 
 
 def test_session_abort_is_boundary(fired: list[str]) -> None:
-    for cls, ended in ((ReferenceFrontendCore, True), (mh.SessionAbortIsBoundary, False)):
+    for cls, ended in ((ReferenceFrontendCore, True), (SessionAbortIsBoundary, False)):
         core = _ready(cls)
         handle, _ = core.open_session([5], 4)
         assert handle.request_id is not None
@@ -350,7 +379,7 @@ def test_session_abort_is_boundary(fired: list[str]) -> None:
 
 
 def test_stop_within_min_tokens(fired: list[str]) -> None:
-    for cls, text in ((ReferenceFrontendCore, " t21 t22 "), (mh.StopWithinMinTokens, " ")):
+    for cls, text in ((ReferenceFrontendCore, " t21 t22 "), (StopWithinMinTokens, " ")):
         core = _ready(cls)
         handle, _ = core.add_request([5], 10, stop=["t2"], sampling=Sampling(min_tokens=2))
         assert handle.request_id is not None
@@ -361,9 +390,9 @@ def test_stop_within_min_tokens(fired: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("cls", "name", "prompt", "max_tokens", "sampling"), [
-    (mh.EmptyPromptSent, "hist_empty_prompt_sent", [], 3, Sampling()),
-    (mh.PromptOverContextSent, "hist_prompt_over_context_sent", [5] * 1025, 3, Sampling()),
-    (mh.MinTokensOverMaxSent, "hist_min_tokens_over_max_sent", [5], 3,
+    (EmptyPromptSent, "hist_empty_prompt_sent", [], 3, Sampling()),
+    (PromptOverContextSent, "hist_prompt_over_context_sent", [5] * 1025, 3, Sampling()),
+    (MinTokensOverMaxSent, "hist_min_tokens_over_max_sent", [5], 3,
      Sampling(min_tokens=4)),
 ])
 def test_invalid_requests_sent(fired: list[str], cls: type[ReferenceFrontendCore],

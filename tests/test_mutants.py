@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.frontends.mutants import JUSTIFIED_IDLE_CASES, MUTANTS
+from harness.mutation.registry import JUSTIFIED_IDLE_CASES, mutants
 from harness.results.killmatrix import (
     HARMLESS,
     RERUN_HINT,
@@ -29,6 +29,8 @@ from harness.results.killmatrix import (
     run_against_mutants,
 )
 from harness.results.records import CaseResult
+
+MUTANTS = mutants()
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "fixtures" / "kill-matrix.json"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from harness.cases.index import case_specs
-from harness.frontends.mutants import MUTANTS
+from harness.mutation.registry import mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -38,7 +38,7 @@ def test_the_wire_count_is_what_pytest_collects() -> None:
 
 def test_mutant_count_in_the_readme_is_the_registry() -> None:
     found = re.search(r"\*\*Mutants\*\*: (\d+) deliberately broken variants", README)
-    assert found and int(found.group(1)) == len(MUTANTS)
+    assert found and int(found.group(1)) == len(mutants())
 
 
 def test_every_frontend_form_is_in_the_readme_table_and_run_help() -> None:

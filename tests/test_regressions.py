@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.frontends.mutants_abort import DuplicateAbort
+from conformance.abort.mutants import DuplicateAbort
 from harness.stateful import (
     REGRESSIONS_DIR,
     REPLAY_FORMAT,

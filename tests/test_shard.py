@@ -4,7 +4,6 @@ exit code); inputs that are not the shards of one run are refused with exit 4.""
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from junitparser import JUnitXml
 
-from harness.cases.declaration import module_cases
+from harness.cases.index import wire_specs
 from harness.run.shard import ShardSpecError, parse_shard, shard_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,11 +24,7 @@ FRONTENDS = ["reference", "reference-subprocess", "vllm-rs", "vllm-py", SLEEPY]
 
 
 def _case_ids() -> list[str]:
-    ids = []
-    for module in sorted((ROOT / "conformance").glob("test_*.py")):
-        mod = importlib.import_module(f"conformance.{module.stem}")
-        ids += [d.spec.case_id for d in module_cases(vars(mod))]
-    return sorted(ids)
+    return sorted(wire_specs())
 
 
 def test_split_is_a_balanced_stable_partition() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import hypothesis
 import pytest
 
-from harness.frontends.mutants_abort import AbortFinishedIds
+from conformance.streaming.mutants import AbortFinishedIds
 from harness.frontends.reference.core import ReferenceFrontendCore, Send
 from harness.frontends.reference.frontend import CoreFactory
 from harness.stateful import (

@@ -85,8 +85,8 @@ def test_component_units_resolve_through_the_registry() -> None:
     from harness.components.ec_mutants import MUTANTS as EC_MUTANTS
     from harness.components.ec_reference import reference_ec_factory
     from harness.components.kv_mutants import MUTANTS as KV_MUTANTS
-    from harness.frontends.mutants import MUTANTS
     from harness.frontends.reference.core import ReferenceFrontendCore
+    from harness.mutation.registry import mutants
     from harness.stateful import resolve_core
 
     assert kv_worker_factory("reference") is reference_factory
@@ -94,7 +94,7 @@ def test_component_units_resolve_through_the_registry() -> None:
     assert ec_scheduler_factory("reference") is reference_ec_factory
     assert ec_scheduler_factory("mutant:never_retries") is EC_MUTANTS["never_retries"]
     assert resolve_core("") is resolve_core("reference") is ReferenceFrontendCore
-    assert resolve_core("mutant:duplicate_abort") is MUTANTS["duplicate_abort"].core
+    assert resolve_core("mutant:duplicate_abort") is mutants()["duplicate_abort"].core
     assert resolve_core("harness.frontends.reference.core:ReferenceFrontendCore"
                         ) is ReferenceFrontendCore
 

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.cases.declaration import CaseFn, CaseSpec
 from harness.cases.grading import (
@@ -111,7 +111,11 @@ class CaseContext:
     def require(self, condition: bool, *, expected: str, observed: Any) -> None:
         """State a requirement; unmet ones are graded by the case's level."""
         if not condition:
-            raise CaseUnmet(expected, observed if isinstance(observed, str) else repr(observed))
+            self.fail(expected=expected, observed=observed)
+
+    def fail(self, *, expected: str, observed: Any) -> NoReturn:
+        """The requirement is not met (graded by the case's level): what `require` raises."""
+        raise CaseUnmet(expected, observed if isinstance(observed, str) else repr(observed))
 
     def note(self, text: str) -> None:
         """Record an observation (shown with the verdict, for INFO cases especially)."""

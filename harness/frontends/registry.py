@@ -98,9 +98,9 @@ def check_spec(spec: str) -> None:
 
             release_of(spec)  # ReleaseSpecError is a ValueError with the one line
     elif parsed.kind == "mutant":
-        from harness.frontends.mutants import RUNNABLE_MUTANTS
+        from harness.mutation.registry import runnable_mutants
 
-        lookup(RUNNABLE_MUTANTS, parsed.argument, "mutant")
+        lookup(runnable_mutants(), parsed.argument, "mutant")
     elif parsed.is_component:
         from harness.components import component_slot
 
@@ -153,6 +153,6 @@ def _build_driver(spec: str) -> FrontendDriver:
         from harness.frontends.no_frontend import NoFrontend
 
         return NoFrontend(spec)
-    from harness.frontends.mutants import make_mutant_driver
+    from harness.mutation.registry import make_mutant_driver
 
     return make_mutant_driver(parsed.argument)  # the only kind left: "mutant"

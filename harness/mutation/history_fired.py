@@ -1,6 +1,6 @@
 """pytest plugin for the history mutants' firing check (docs/mutation-history.md).
 
-A history mutant (harness/frontends/mutants_history.py) calls `fired(name)` at the moment
+A history mutant (`history=True` in conformance/<area>/mutants.py) calls `fired(name)` at the moment
 its broken branch changes what the reference would have done. With `--fired-log FILE` this
 plugin replaces that no-op hook so every firing appends one line, `name<TAB>test node id`,
 to FILE (each xdist worker appends to the same file). scripts/history_matrix.py reads it:
@@ -23,13 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--fired-log")
     if not path:
         return
-    from harness.frontends import mutants_history
+    from harness.mutation import registry
 
     def record(mutant: str) -> None:
         with open(path, "a", encoding="utf-8") as log:
             log.write(f"{mutant}\t{_current[0]}\n")
 
-    mutants_history.fired = record
+    registry.fired = record
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,7 +9,7 @@ be checked with ``pytest --replay reports/stateful/<file>.json``:
   outside the repository write ``--replay=FILE``: pytest takes a bare path argument into
   its rootdir search and would otherwise miss pyproject.toml.
 * ``--replay-core SPEC`` replays against another core: ``reference`` (default),
-  ``mutant:NAME`` (harness/frontends/mutants.py), ``recorded`` (the core named in the
+  ``mutant:NAME`` (harness/mutation/registry.py), ``recorded`` (the core named in the
   file) or ``package.module:Attr``.
 * Without path arguments, ``--replay`` runs only the replay items (the configured
   testpaths are deselected); with paths, both run.

@@ -32,15 +32,15 @@ CORES = SpecGrammar("core spec", ("reference",), usage="reference, mutant:NAME o
 
 
 def resolve_core(spec: str) -> CoreFactory:
-    """"reference", "mutant:NAME" (harness/frontends/mutants.py) or "package.module:Attr"."""
+    """"reference", "mutant:NAME" (harness/mutation/registry.py) or "package.module:Attr"."""
     parsed = parse_spec(spec or "reference", CORES)
     if parsed.kind == "reference":
         return ReferenceFrontendCore
     if parsed.kind == "mutant":
-        from harness.frontends.mutants import RUNNABLE_MUTANTS
         from harness.frontends.reference.frontend import ReferenceFrontend
+        from harness.mutation.registry import runnable_mutants
 
-        mutant = lookup(RUNNABLE_MUTANTS, parsed.argument, "mutant")
+        mutant = lookup(runnable_mutants(), parsed.argument, "mutant")
         if mutant.frontend_class is not ReferenceFrontend:
             raise ValueError(f"core spec {spec!r}: that mutant's bug is in the I/O layer "
                              f"({mutant.frontend_class.__name__}), which the stateful "

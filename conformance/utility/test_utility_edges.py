@@ -14,7 +14,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from conformance.test_utility import CALL, LORA
+from conformance.utility.test_utility import CALL, LORA
 from harness.cases.context import CaseContext
 from harness.cases.declaration import case
 from harness.cases.grounds import Grounds, both, differ, engine, py, recommendation, rs

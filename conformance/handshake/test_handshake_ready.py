@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 
-from conformance.test_handshake import GPU_BLOCKS_SUM, MAX_LEN_MIN
+from conformance.handshake.test_handshake import GPU_BLOCKS_SUM, MAX_LEN_MIN
 from harness.cases.context import CaseContext
 from harness.cases.declaration import case
 from harness.cases.grounds import both, engine, py, rs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conformance.test_abort import EXPLICIT_ENDS
+from conformance.abort.test_abort import EXPLICIT_ENDS
 from harness.cases.context import CaseContext
 from harness.cases.declaration import case
 from harness.cases.grounds import defect, engine, py, rs

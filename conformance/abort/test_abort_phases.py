@@ -16,7 +16,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
-from conformance.test_abort import (
+from conformance.abort.test_abort import (
     _AL,
     _CC,
     _CLIENT,
