@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.artefacts.vllm_sources import vllm_0_33_sources  # noqa: E402
 from harness.cases.index import grounds_problems, wire_specs  # noqa: E402
+from harness.cases.vllm_sources import vllm_0_33_sources  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,5 @@
-"""Generate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0 (harness.results.spec).
+"""Generate docs/spec.md: the engine-core wire protocol as of vLLM 0.33.0
+(harness.cases.spec_document).
 
     .venv/bin/python scripts/gen_spec.py            # rewrite docs/spec.md
     .venv/bin/python scripts/gen_spec.py --check    # exit 1 if docs/spec.md is stale
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.cases.index import wire_specs  # noqa: E402
-from harness.results.spec import render_spec  # noqa: E402
+from harness.cases.spec_document import render_spec  # noqa: E402
 
 PROFILE = ROOT / "fixtures" / "profiles" / "vllm-0.33.0.json"
 DOC = ROOT / "docs" / "spec.md"

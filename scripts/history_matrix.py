@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from harness.mutation.registry import history_mutants  # noqa: E402
 
 HISTORY_MUTANTS = history_mutants()
-from harness.results.killmatrix import HARMLESS, PREFIX  # noqa: E402
+from harness.mutation.killmatrix import HARMLESS, PREFIX  # noqa: E402
 from harness.results.writer import load_results  # noqa: E402
 
 RECORD = ROOT / "fixtures" / "history-mutants.json"

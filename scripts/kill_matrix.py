@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from harness.mutation.registry import JUSTIFIED_IDLE_CASES, mutants  # noqa: E402
 
 MUTANTS = mutants()
-from harness.results.killmatrix import (  # noqa: E402
+from harness.mutation.killmatrix import (  # noqa: E402
     HARMLESS,
     Kill,
     KillMatrix,

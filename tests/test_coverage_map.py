@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from harness.cases.declaration import AREAS, CASE_ID
+from harness.cases.declaration import CASE_ID
+from harness.results.records import AREAS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ from harness.frontends.api import Capability, FrontendDriver
 from harness.frontends.reference import ReferenceDriver
 from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
 from harness.frontends.subprocess.driver import SubprocessDriver
+from harness.hygiene.leaks import leaks_since, snapshot
 from harness.results.records import Level, Verdict
-from harness.run.leaks import leaks_since, snapshot
 from mock_engines.script import EngineScript, UtilityReply, by_prompt
 from tests.timescale import TIMESCALE
 

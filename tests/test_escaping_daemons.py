@@ -17,8 +17,8 @@ import pytest
 
 from harness.cases.context import run_case
 from harness.frontends.subprocess.driver import SubprocessDriver
+from harness.hygiene.leaks import leaks_since, snapshot
 from harness.results.records import Verdict
-from harness.run.leaks import leaks_since, snapshot
 from tests.test_drivers import SPEC, smoke
 from tests.timescale import TIMESCALE
 

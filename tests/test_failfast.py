@@ -17,14 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.failfast import (
-    EXIT_FRONTEND_STOPPED,
-    START_FAILURE_LIMIT,
-    StartAttempt,
-    StartFailures,
-    cause_key,
-    stderr_tail,
-)
+from harness.results.startup import EXIT_FRONTEND_STOPPED, StartAttempt, cause_key, stderr_tail
+from harness.run.failfast import START_FAILURE_LIMIT, StartFailures
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_MSGSPEC = """\
@@ -60,7 +54,8 @@ def test_a_start_or_another_cause_breaks_the_row(tmp_path: Path) -> None:
 
 RECORD_TEN = """\
 import sys
-from harness.run.failfast import StartAttempt, StartFailures
+from harness.results.startup import StartAttempt
+from harness.run.failfast import StartFailures
 for _ in range(10):
     StartFailures(sys.argv[1], limit=1000).record("p", StartAttempt(True, "exited"))
 """

@@ -84,7 +84,7 @@ def test_a_name_given_twice_is_refused() -> None:
 
 def test_the_probe_learns_the_init_name_and_leaves_nothing() -> None:
     """One start of the program, `init`, then its normal teardown (no engine started)."""
-    from harness.run.leaks import leaks_since, snapshot
+    from harness.hygiene.leaks import leaks_since, snapshot
 
     before = snapshot()
     assert probe_name(f"subprocess:{sys.executable} {PROGRAM}", TIMESCALE) == \

@@ -1,7 +1,7 @@
 """Every wire case stands on vLLM 0.33.0 lines that say what the case claims.
 
 Checked against the vLLM 0.33.0 sdist (downloaded once into the cache, sha256 checked; see
-harness.artefacts.vllm_sources): each citation's snippet must sit within a few lines of the cited
+harness.cases.vllm_sources): each citation's snippet must sit within a few lines of the cited
 line, every level must be one its basis allows (harness.cases.grounds), and every tolerated
 divergence in the baseline cites, in the same checked form, the lines that show it.
 """
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.artefacts.vllm_sources import SourceTree, vllm_0_33_sources
 from harness.cases.declaration import CaseSpec, case
 from harness.cases.grounds import (
     Basis,
@@ -31,6 +30,7 @@ from harness.cases.grounds import (
     rs,
 )
 from harness.cases.index import grounds_problems, level_problems, wire_specs
+from harness.cases.vllm_sources import SourceTree, vllm_0_33_sources
 from harness.results.baseline import Baseline
 from harness.results.records import Level
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutation.registry import JUSTIFIED_IDLE_CASES, mutants
-from harness.results.killmatrix import (
+from harness.mutation.killmatrix import (
     HARMLESS,
     RERUN_HINT,
     Kill,
@@ -28,6 +27,7 @@ from harness.results.killmatrix import (
     node_id,
     run_against_mutants,
 )
+from harness.mutation.registry import JUSTIFIED_IDLE_CASES, mutants
 from harness.results.records import CaseResult
 
 MUTANTS = mutants()

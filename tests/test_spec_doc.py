@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from harness.cases.index import wire_specs
-from harness.results.spec import markdown_table
+from harness.cases.spec_document import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from harness.cases.context import run_case
+from harness.hygiene.leaks import leaks_since, observe_temp_sockets, snapshot, temp_entry
 from harness.protocol.timing import scaled
 from harness.protocol.transport.endpoints import PrivateIpcDir
 from harness.results.records import Verdict
-from harness.run.leaks import leaks_since, observe_temp_sockets, snapshot, temp_entry
 from tests.leaky_drivers import SPEC, TempSocketDriver, spawn_binder, start_only
 
 ROOT = Path(__file__).resolve().parent.parent

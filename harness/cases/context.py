@@ -32,6 +32,7 @@ from harness.cases.grading import (
 from harness.frontends.api import Capability, FrontendDriver
 from harness.frontends.subprocess.exchange import ExchangeLog
 from harness.hygiene import zmq_guard
+from harness.hygiene.leaks import observe_temp_sockets
 from harness.hygiene.memory_guard import guarded
 from harness.locations import IMPORT_ROOT
 from harness.protocol.timing import Timescale, poll_until, use_in_case
@@ -41,9 +42,8 @@ from harness.results.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_val
 from harness.results.excerpt import transcript_excerpt
 from harness.results.failsafe import TRANSCRIPT_NOT_WRITTEN, describe
 from harness.results.records import CaseResult, Evidence, Level, Verdict
+from harness.results.startup import StartAttempt, stderr_tail
 from harness.results.writer import write_atomically
-from harness.run.failfast import StartAttempt, stderr_tail
-from harness.run.leaks import observe_temp_sockets
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 

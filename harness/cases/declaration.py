@@ -14,10 +14,9 @@ from typing import Any
 
 from harness.cases.grounds import Grounds
 from harness.frontends.api import Capability
-from harness.results.records import Level, Verdict
+from harness.results.records import AREAS, Level, Verdict
 
 CASE_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+){2}$")
-AREAS = ("handshake", "dp", "abort", "failure", "streaming", "utility", "components")
 
 
 @dataclass(frozen=True)

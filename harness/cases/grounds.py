@@ -19,7 +19,7 @@ tests/test_grounds.py) is applied from the basis alone:
 - INFO: any basis.
 
 Citations are checked mechanically against the sdist
-(harness.artefacts.vllm_sources): the snippet must
+(harness.cases.vllm_sources): the snippet must
 occur on the cited line or within `WINDOW` lines of it, so a citation that drifts or never
 said what we claim fails make test.
 """

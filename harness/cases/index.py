@@ -9,9 +9,9 @@ import importlib
 import sys
 from pathlib import Path
 
-from harness.artefacts.vllm_sources import SourceTree
 from harness.cases.declaration import CaseSpec, module_cases
 from harness.cases.grounds import ALLOWED_LEVELS, Impl
+from harness.cases.vllm_sources import SourceTree
 from harness.locations import IMPORT_ROOT
 
 ROOT = IMPORT_ROOT

@@ -101,6 +101,9 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
+# The private ipc dirs of this process not yet removed (harness.protocol.transport.
+# endpoints.PrivateIpcDir adds and removes them): what the session-end leak check reads.
+LIVE_IPC_DIRS: set[str] = set()
 
 
 def _registry() -> _Registry:

@@ -2,7 +2,7 @@
 
 The conformance plugin skips a NON-STRICT item (a SHOULD not met), but mutmut counts only
 failing pytest runs as kills. A mutant a SHOULD case grades NON-STRICT is caught, exactly
-as in the hand-written kill matrix (harness/results/killmatrix.py), so mutation runs load
+as in the hand-written kill matrix (harness/mutation/killmatrix.py), so mutation runs load
 this plugin (`-p harness.mutation.strict`, see [tool.mutmut] in pyproject.toml).
 """
 

@@ -30,8 +30,8 @@ from harness.results.schema import (
     RunMeta,
     read_document,
 )
+from harness.results.startup import EXIT_FRONTEND_STOPPED, Stop
 from harness.results.writer import write_document
-from harness.run.failfast import EXIT_FRONTEND_STOPPED, Stop
 
 EXIT_PASS, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_NO_CASE = 0, 1, 2, 5
 

@@ -13,6 +13,10 @@ from typing import Any
 
 import msgspec
 
+# The areas a case id begins with (`<area>.<topic>.<case>`): a case's folder, and how
+# reports group rows.
+AREAS = ("handshake", "dp", "abort", "failure", "streaming", "utility", "components")
+
 
 class Level(str, enum.Enum):
     MUST = "MUST"

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from harness.results.records import CaseResult
-from harness.run.failfast import Stop
+from harness.results.startup import Stop
 
 UNSET = msgspec.UNSET
 

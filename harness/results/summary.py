@@ -21,9 +21,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.cases.declaration import AREAS
-from harness.results.records import CaseResult, Verdict
-from harness.run.failfast import Stop, cause_key
+from harness.results.records import AREAS, CaseResult, Verdict
+from harness.results.startup import Stop, cause_key
 
 REASON_CHARS = 160
 FRONTEND_LINES = 12  # a per-frontend count line each, up to this many frontends

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.run.leaks import leaks_since, snapshot, stop_session_helpers
+from harness.hygiene.leaks import leaks_since, snapshot, stop_session_helpers
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,18 +31,19 @@ from typing import Any
 
 import pytest
 
-from harness.cases.declaration import AREAS, CaseSpec, cases_of
+from harness.cases.declaration import CaseSpec, cases_of
 from harness.frontends import naming
 from harness.frontends.registry import check_spec, make_driver, parse_spec, spec_profile
-from harness.hygiene import worker_exit
+from harness.hygiene import ownership, worker_exit
 from harness.protocol.timing import Timescale, TimescaleError
 from harness.protocol.wire.profiles import VLLM_0_33, ProtocolProfile, get_profile
 from harness.results.baseline import Baseline, BaselineError, apply_baseline
 from harness.results.bounds import bound_result
 from harness.results.dirlock import ReportDirLock
 from harness.results.evidence import evidence_text
-from harness.results.records import CaseResult, Verdict
+from harness.results.records import AREAS, CaseResult, Verdict
 from harness.results.schema import RunMeta, encode_result
+from harness.results.startup import EXIT_FRONTEND_STOPPED, StartAttempt
 from harness.run import failfast, interrupts, selection, shard
 from harness.run.state import SESSION, CorewireSession, session_of
 
@@ -302,7 +303,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
                             spec.requirement, Verdict.NOT_RUN, stop.reason(), 0.0)
         pyfuncitem.corewire_result = encode_result(result)  # type: ignore[attr-defined]
         pytest.skip(f"{Verdict.NOT_RUN.value}: {result.message}")
-    attempt = failfast.StartAttempt()
+    attempt = StartAttempt()
     try:
         driver = make_driver(session.spec_of(frontend), session.timescale)
         driver.name = frontend  # the name every report keys on
@@ -314,7 +315,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
                             spec.requirement, Verdict.ERROR,
                             f"harness fault: {type(exc).__name__}: {exc}", 0.0)
         if not attempt.attempted:  # a driver that cannot even be built does not start
-            attempt = failfast.StartAttempt(True, result.message)
+            attempt = StartAttempt(True, result.message)
     if session.failfast is not None:
         session.failfast.record(frontend, attempt)
     outcome = apply_baseline(bound_result(result), session.baseline)
@@ -337,7 +338,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     run.clear()
     interrupts.install()
     if not _is_worker(session.config):
-        from harness.hygiene import ownership
         from harness.results.failsafe import guard_junit
         from harness.results.reportdir import clear_report_set
 
@@ -445,7 +445,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _remove_leftover_ipc_dirs()
     if _is_worker(config):
         return
-    from harness.hygiene import ownership
     from harness.results.failsafe import REPORTS_NOT_WRITTEN
 
     try:
@@ -467,7 +466,7 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
     partial = run.partial = _partial_reason(exitstatus)
     run.stops = run.failfast.stops() if run.failfast is not None else []
     if run.stops and partial is None:
-        session.exitstatus = failfast.EXIT_FRONTEND_STOPPED
+        session.exitstatus = EXIT_FRONTEND_STOPPED
     this_shard = shard.configured_shard(config)
     if this_shard is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED \
             and getattr(config, "_corewire_counts", (0, 0))[0] > 0:
@@ -527,7 +526,7 @@ def _remove_leftover_ipc_dirs() -> None:
     """Backstop after an interrupt: no private ipc dir of this process outlives the run."""
     from harness.protocol.transport.endpoints import PrivateIpcDir
 
-    for path in sorted(PrivateIpcDir.live):
+    for path in sorted(ownership.LIVE_IPC_DIRS):
         PrivateIpcDir.remove(path)
 
 

@@ -18,7 +18,8 @@ from harness.protocol.wire.profiles import ProtocolProfile
 from harness.results.baseline import Baseline
 from harness.results.records import CaseResult
 from harness.results.schema import decode_result
-from harness.run.failfast import StartFailures, Stop
+from harness.results.startup import Stop
+from harness.run.failfast import StartFailures
 
 PROPERTY = "corewire_result"  # the call report's attribute: a case's encoded result
 

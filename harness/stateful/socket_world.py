@@ -18,10 +18,10 @@ from harness.frontends.api import StreamHandle
 from harness.frontends.reference.frontend import CoreFactory, ReferenceFrontend
 from harness.protocol.timing import DEFAULT, Timescale
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.stateful.engine_view import aborts_of, errors_of, merged_records
 from harness.stateful.invariants import InvariantViolation
 from harness.stateful.model import WireModel
 from harness.stateful.probe import probe_core
-from harness.stateful.worlds import aborts_of, errors_of, merged_records
 from mock_engines.engine import MockEngineCore
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript

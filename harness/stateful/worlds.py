@@ -31,8 +31,10 @@ from harness.frontends.reference.waiters import (
 )
 from harness.protocol.timing import DEFAULT, Timescale
 from harness.protocol.transport.sockets import engine_identity
+from harness.stateful.engine_view import aborts_of, errors_of, merged_records
 from harness.stateful.model import WireModel
 from harness.stateful.probe import probe_core
+from harness.stateful.socket_world import SocketWorld
 from mock_engines.engine import ALL_CLIENTS, MockEngineCore
 from mock_engines.script import EngineScript
 from mock_engines.transcript import Record
@@ -70,8 +72,6 @@ def make_world(transport: str, ranks: Sequence[int], core_factory: CoreFactory,
     if transport == "sansio":
         return SansIOWorld(ranks, core_factory, model, scripts)
     if transport == "sockets":
-        from harness.stateful.socket_world import SocketWorld
-
         return SocketWorld(ranks, core_factory, model, scripts, timescale)
     raise ValueError(f"unknown transport {transport!r}; known: {TRANSPORTS}")
 
@@ -79,22 +79,6 @@ def make_world(transport: str, ranks: Sequence[int], core_factory: CoreFactory,
 def utility_args(method: str) -> list[Any]:
     """The arguments the machine's two utilities are called with."""
     return [False, False] if method == "reset_prefix_cache" else []
-
-
-def merged_records(cores: Sequence[MockEngineCore]) -> list[Record]:
-    records = [r for core in cores for r in core.transcript.snapshot()]
-    records.sort(key=lambda r: r.t)
-    return records
-
-
-def aborts_of(cores: Sequence[MockEngineCore]) -> list[tuple[int, list[str]]]:
-    return [(core.rank, list(r.message.request_ids))
-            for core in cores for r in core.transcript.abort_frames()]
-
-
-def errors_of(cores: Sequence[MockEngineCore]) -> list[tuple[int, str]]:
-    return [(core.rank, str(r.error))
-            for core in cores for r in core.transcript.protocol_errors()]
 
 
 class SansIOWorld:

@@ -22,9 +22,9 @@ from harness.cases.helpers import prompt, request_for
 from harness.frontends.api import StartupError, StartupHang
 from harness.frontends.vllm_py.driver import VllmPyDriver
 from harness.frontends.vllm_py.handshake import STARTUP_GRACE
+from harness.hygiene.leaks import _children
 from harness.protocol.transport.endpoints import PrivateIpcDir
 from harness.protocol.wire import messages as m
-from harness.run.leaks import _children
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
 from tests.timescale import TIMESCALE, scaled

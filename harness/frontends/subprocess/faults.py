@@ -44,6 +44,7 @@ from typing import Any, BinaryIO, NoReturn
 
 from harness.frontends.api import Capability, FrontendError
 from harness.frontends.subprocess.protocol import encode_line
+from harness.hygiene import ownership
 from harness.protocol.transport.endpoints import PrivateIpcDir
 
 FAULT_VARIABLE = "COREWIRE_DRIVER_FAULT"
@@ -67,7 +68,7 @@ def log(text: str) -> None:
 def release_ipc_dirs() -> None:
     """Remove the private ipc dirs the driver still holds (a graceful shutdown has already
     removed them; an abrupt exit must not leave them behind)."""
-    for path in sorted(PrivateIpcDir.live):
+    for path in sorted(ownership.LIVE_IPC_DIRS):
         PrivateIpcDir.remove(path)
 
 

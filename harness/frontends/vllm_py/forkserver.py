@@ -40,7 +40,7 @@ from multiprocessing import connection, forkserver, resource_tracker
 from typing import Any
 
 from harness.frontends.api import StartupError
-from harness.run.leaks import register_session_helper
+from harness.hygiene.leaks import register_session_helper
 
 COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
 FORKSERVER_START_TIMEOUT = 120.0  # a spawned server imports vLLM's coordinator (~5-10 s)

@@ -18,12 +18,10 @@ class PrivateIpcDir:
     Paths stay short (unix socket paths are limited to ~107 bytes).
     """
 
-    live: set[str] = set()  # every directory not yet cleaned up (for leak checks)
-
     def __init__(self, prefix: str = "cw-") -> None:
         self.path = tempfile.mkdtemp(prefix=prefix)
         os.chmod(self.path, 0o700)
-        PrivateIpcDir.live.add(self.path)
+        ownership.LIVE_IPC_DIRS.add(self.path)
         ownership.record_dir(self.path)  # a later run removes it if this process dies
 
     def path_for(self, name: str) -> str:
@@ -40,7 +38,7 @@ class PrivateIpcDir:
     def remove(path: str) -> None:
         """Remove one of the live dirs (also a backstop's way, after an interrupt)."""
         shutil.rmtree(path, ignore_errors=True)
-        PrivateIpcDir.live.discard(path)
+        ownership.LIVE_IPC_DIRS.discard(path)
         ownership.forget_dir(path)
 
     def __enter__(self) -> PrivateIpcDir:

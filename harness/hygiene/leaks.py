@@ -27,8 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.hygiene import process_tree
-from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.hygiene import ownership, process_tree
 
 OWN_PREFIX = "cw-"  # the prefix of every dir the harness makes in the temp dir
 
@@ -133,7 +132,7 @@ def observe_temp_sockets() -> None:
     """Record the temp-dir entries in which a process of this run holds a bound unix
     socket now (see the module docstring); cheap when there is none to attribute."""
     roots = _temp_roots()
-    tracked = {os.path.realpath(d) for d in PrivateIpcDir.live} | set(PrivateIpcDir.live)
+    tracked = {os.path.realpath(d) for d in ownership.LIVE_IPC_DIRS} | set(ownership.LIVE_IPC_DIRS)
     candidates: dict[int, str] = {}
     for inode, path in _bound_unix_sockets().items():
         entry = temp_entry(path, roots)
@@ -178,7 +177,7 @@ def snapshot() -> Snapshot:
     threads = frozenset(t.name for t in threading.enumerate()
                         if t.name.startswith(("mock-engine", "mock-dp-coordinator")))
     left = frozenset(e for e in _BOUND if os.path.lexists(e))
-    return Snapshot(_children(), _socket_fds(), frozenset(PrivateIpcDir.live), threads, left)
+    return Snapshot(_children(), _socket_fds(), frozenset(ownership.LIVE_IPC_DIRS), threads, left)
 
 
 def leaks_since(before: Snapshot) -> list[str]:
