@@ -25,9 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from harness.mutation import registry
 
-    def record(mutant: str) -> None:
+    def record(name: str) -> None:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(f"{mutant}\t{_current[0]}\n")
+            log.write(f"{name}\t{_current[0]}\n")
 
     registry.fired = record
 

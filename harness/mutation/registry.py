@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.driver import ReferenceDriver
@@ -61,7 +61,8 @@ def mutant(name: str, rule: str, *, frontend_kwargs: dict[str, Any] | None = Non
             register(Mutant(name, rule, ReferenceFrontendCore, frontend_kwargs, cls,
                             source, history))
         else:
-            register(Mutant(name, rule, cls, frontend_kwargs, source=source,
+            core = cast(CoreFactory, cls)  # a ReferenceFrontendCore subclass
+            register(Mutant(name, rule, core, frontend_kwargs, source=source,
                             history=history))
         return cls
 
