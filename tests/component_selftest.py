@@ -18,7 +18,7 @@ from harness.cases.context import run_case
 from harness.cases.declaration import CaseFn, CaseSpec, module_cases
 from harness.frontends.no_frontend import NoFrontend
 from harness.results.records import CaseResult, Verdict
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 CAUGHT = (Verdict.FAIL, Verdict.TIMEOUT)
 Matrix = dict[str, dict[str, CaseResult]]  # component name -> case id -> result
@@ -54,7 +54,7 @@ class ComponentSuite:
         os.environ[self.env_var] = component
         try:
             return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none"),
-                                                       timescale=TIMESCALE))
+                                                       config=RUN_CONFIG))
                     for spec, fn in (self.cases if cases is None else cases)}
         finally:
             if previous is None:

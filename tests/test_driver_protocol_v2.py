@@ -22,7 +22,6 @@ from harness.cases.context import CaseContext, run_case
 from harness.cases.declaration import CaseSpec, module_cases
 from harness.cases.helpers import prompt
 from harness.frontends.api import GREEDY, Capability, Sampling
-from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.frontends.subprocess.protocol import (
     PROTOCOL,
@@ -31,11 +30,12 @@ from harness.frontends.subprocess.protocol import (
     answered_version,
     model_facts,
 )
+from harness.frontends.table import REFERENCE_SUBPROCESS
 from harness.protocol.vocab import EOS_TOKEN_ID, SPECIAL, detokenize
 from harness.protocol.wire import messages as m
 from harness.results.records import Level, Verdict
 from tests.test_drivers import SPEC, smoke
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_PORT = [sys.executable, str(ROOT / "fixtures" / "example_port" / "driver.py")]
@@ -55,7 +55,7 @@ def the_case(case_id: str) -> Any:
 
 
 def run(spec: CaseSpec, fn: Any, driver: SubprocessDriver) -> Any:
-    return asyncio.run(run_case(spec, fn, driver, timescale=TIMESCALE))
+    return asyncio.run(run_case(spec, fn, driver, config=RUN_CONFIG))
 
 
 def v1_program() -> SubprocessDriver:

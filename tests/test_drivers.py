@@ -13,12 +13,13 @@ from harness.cases.declaration import CaseSpec
 from harness.cases.helpers import hold, prompt, request_for
 from harness.frontends.api import Capability, FrontendDriver
 from harness.frontends.reference import ReferenceDriver
-from harness.frontends.registry import REFERENCE_SUBPROCESS, make_driver
+from harness.frontends.run_config import RunConfig
 from harness.frontends.subprocess.driver import SubprocessDriver
+from harness.frontends.table import REFERENCE_SUBPROCESS, make_driver
 from harness.hygiene.leaks import leaks_since, snapshot
 from harness.results.records import Level, Verdict
 from mock_engines.script import EngineScript, UtilityReply, by_prompt
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 SPEC = CaseSpec("streaming.smoke.scenario", Level.MUST, "smoke", "tests")
 
@@ -49,7 +50,7 @@ async def smoke(ctx: CaseContext) -> None:
 
 @pytest.mark.parametrize("spec", ["reference", "reference-subprocess"])
 def test_smoke_scenario(spec: str) -> None:
-    result = asyncio.run(run_case(SPEC, smoke, make_driver(spec), timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, make_driver(RunConfig(spec)), config=RUN_CONFIG))
     assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
 
 
@@ -85,7 +86,7 @@ def _faulty(fault: str, timeout: float = 10.0) -> FrontendDriver:
 def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, cause: str,
                                                  log: str) -> None:
     before = snapshot()
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5), timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(fault, timeout=1.5), config=RUN_CONFIG))
     assert result.verdict is verdict, result.message
     assert cause in result.message, result.message
     assert log in "\n".join(result.evidence.notes), result.evidence.notes
@@ -93,8 +94,8 @@ def test_misbehaving_driver_is_graded_and_reaped(fault: str, verdict: Verdict, c
 
 
 def test_session_continues_after_a_driver_fault() -> None:
-    bad = asyncio.run(run_case(SPEC, smoke, _faulty("crash_on:generate"), timescale=TIMESCALE))
-    good = asyncio.run(run_case(SPEC, smoke, ReferenceDriver(), timescale=TIMESCALE))
+    bad = asyncio.run(run_case(SPEC, smoke, _faulty("crash_on:generate"), config=RUN_CONFIG))
+    good = asyncio.run(run_case(SPEC, smoke, ReferenceDriver(), config=RUN_CONFIG))
     assert (bad.verdict, good.verdict) == (Verdict.ERROR, Verdict.PASS)
 
 
@@ -155,7 +156,7 @@ def test_new_operations_and_older_driver_programs(fault: str, fn: Any, spec: Cas
                                                   verdict: Verdict) -> None:
     driver = SubprocessDriver(REFERENCE_SUBPROCESS, name=f"compat:{fault or 'current'}",
                               env={"COREWIRE_DRIVER_FAULT": fault})
-    result = asyncio.run(run_case(spec, fn, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(spec, fn, driver, config=RUN_CONFIG))
     assert result.verdict is verdict, (result.message, result.evidence.notes)
 
 
@@ -166,7 +167,7 @@ def test_children_left_by_a_driver_program_are_reaped() -> None:
     import uuid
 
     tag = f"corewire-grandchild-{uuid.uuid4().hex[:8]}"
-    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}"), timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, _faulty(f"grandchild:{tag}"), config=RUN_CONFIG))
     assert result.verdict is Verdict.PASS, result.message
     assert any("driver left 1 process(es) behind" in n for n in result.evidence.notes)
     alive = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
@@ -183,7 +184,7 @@ def test_a_grandchild_that_called_setsid_is_found_and_reaped() -> None:
     tag = f"corewire-daemon-{uuid.uuid4().hex[:8]}"
     before = snapshot()
     result = asyncio.run(run_case(SPEC, smoke, _faulty(f"setsid_grandchild:{tag}"),
-                                  timescale=TIMESCALE))
+                                  config=RUN_CONFIG))
     assert result.verdict is Verdict.PASS, result.message
     assert any("had left its session" in n for n in result.evidence.notes), \
         result.evidence.notes
@@ -225,7 +226,7 @@ def test_a_stderr_flood_is_capped_to_head_and_tail() -> None:
     """40 MB of stderr: the harness keeps the first and last 64 KiB (nothing on disk), and
     the verdict shows the head, how much was elided, and the tail with the crash."""
     driver = _faulty("flood_stderr:40,crash_on:generate")
-    result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, driver, config=RUN_CONFIG))
     assert isinstance(driver, SubprocessDriver)
     assert result.verdict is Verdict.ERROR, result.message
     log = next(n for n in result.evidence.notes if n.startswith("frontend log tail:"))
@@ -270,7 +271,7 @@ def test_leftovers_that_respawn_on_sigterm_are_ended_too() -> None:
 
     tag = f"corewire-respawn-{uuid.uuid4().hex[:8]}"
     result = asyncio.run(run_case(SPEC, smoke, _faulty(f"respawning_grandchild:{tag}"),
-                                  timescale=TIMESCALE))
+                                  config=RUN_CONFIG))
     assert result.verdict is Verdict.PASS, result.message
     note = next((n for n in result.evidence.notes if "driver left" in n), "")
     assert "driver left 2 process(es) behind" in note and "had left its session" in note, \

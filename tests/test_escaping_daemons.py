@@ -20,7 +20,7 @@ from harness.frontends.subprocess.driver import SubprocessDriver
 from harness.hygiene.leaks import leaks_since, snapshot
 from harness.results.records import Verdict
 from tests.test_drivers import SPEC, smoke
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 PROGRAM = Path(__file__).resolve().parent / "escaping_drivers.py"
 
@@ -51,7 +51,7 @@ def test_an_escaping_daemon_is_ended_at_teardown(mode: str, note: str) -> None:
     before = snapshot()
     driver = SubprocessDriver([sys.executable, str(PROGRAM), mode, tag], name=f"escape-{mode}")
     try:
-        result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
+        result = asyncio.run(run_case(SPEC, smoke, driver, config=RUN_CONFIG))
         assert result.verdict is Verdict.PASS, result.message
         notes = result.evidence.notes
         assert any("driver left" in n and note in n for n in notes), notes

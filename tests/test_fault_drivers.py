@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 
 from harness.cases.context import run_case
-from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
+from harness.frontends.table import REFERENCE_SUBPROCESS
 from harness.hygiene import process_tree
 from harness.results.records import Verdict
 from tests.test_drivers import SPEC, smoke
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "COREWIRE_FAULT_MATRIX"  # inherited by every process a matrix run starts
@@ -187,7 +187,7 @@ def settled_fds(limit: int, timeout: float = 3.0) -> int:
 @pytest.fixture(scope="module")
 def warm() -> None:
     """One clean case first: imports and lazily created state do not count as leaks."""
-    asyncio.run(run_case(SPEC, smoke, SubprocessDriver(REFERENCE_SUBPROCESS), timescale=TIMESCALE))
+    asyncio.run(run_case(SPEC, smoke, SubprocessDriver(REFERENCE_SUBPROCESS), config=RUN_CONFIG))
 
 
 @pytest.mark.parametrize("name", ["grandchild that called setsid",
@@ -202,7 +202,7 @@ def test_fault_driver_leaves_no_fd(warm: None, name: str) -> None:
                               env={"COREWIRE_DRIVER_FAULT": fault.env.format(tag=token[:8]),
                                    MARK: token})
     before = settled_fds(0, timeout=0)
-    result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, driver, config=RUN_CONFIG))
     assert result.verdict in fault.verdicts, result.message
     assert settled_fds(before) <= before, f"fds: {before} before, {open_fds()} after"
     assert marked_processes(token) == []

@@ -27,7 +27,7 @@ from harness.frontends.naming import (
 )
 from harness.results.baseline import Baseline, BaselineEntry, unmatched_entries
 from harness.results.records import CaseResult, Verdict
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = "-m harness.frontends.subprocess.program"
@@ -87,10 +87,10 @@ def test_the_probe_learns_the_init_name_and_leaves_nothing() -> None:
     from harness.hygiene.leaks import leaks_since, snapshot
 
     before = snapshot()
-    assert probe_name(f"subprocess:{sys.executable} {PROGRAM}", TIMESCALE) == \
+    assert probe_name(RUN_CONFIG.for_frontend(f"subprocess:{sys.executable} {PROGRAM}")) == \
         "reference (subprocess)"
-    assert probe_name(f"subprocess:{sys.executable} -c 'raise SystemExit(1)'",
-                      TIMESCALE) is None
+    assert probe_name(RUN_CONFIG.for_frontend(
+        f"subprocess:{sys.executable} -c 'raise SystemExit(1)'")) is None
     assert leaks_since(before) == []
 
 

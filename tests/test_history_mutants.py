@@ -54,7 +54,8 @@ from harness.frontends.reference.core import (
     ReferenceFrontendCore,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
-from harness.frontends.registry import check_spec, make_driver
+from harness.frontends.run_config import RunConfig
+from harness.frontends.table import check_spec, make_driver
 from harness.mutation import registry
 from harness.mutation.killmatrix import KillMatrix
 from harness.mutation.registry import history_mutants, mutants, runnable_mutants
@@ -126,7 +127,7 @@ def test_history_mutants_are_runnable_and_outside_the_kill_matrix() -> None:
     assert not set(HISTORY_MUTANTS) & set(record.kills), "history mutants in the kill matrix"
     for name in HISTORY_MUTANTS:
         check_spec(f"mutant:{name}")
-        assert make_driver(f"mutant:{name}").name == f"mutant:{name}"
+        assert make_driver(RunConfig(f"mutant:{name}")).name == f"mutant:{name}"
 
 
 @pytest.mark.parametrize("name", sorted(HISTORY_MUTANTS))

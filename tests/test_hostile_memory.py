@@ -28,7 +28,7 @@ from harness.frontends.reference import ReferenceDriver
 from harness.hygiene import memory_guard
 from harness.results.bounds import ROW_LIMIT
 from harness.results.records import Level, Verdict
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDRESS_SPACE_CAP = 6 << 30  # RLIMIT_AS of the end-to-end run (threads reserve much VA)
@@ -55,7 +55,7 @@ def test_a_case_growing_the_worker_past_its_memory_bound_is_an_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory_guard, "CASE_MEMORY_LIMIT", 96 << 20)
     spec = CaseSpec("streaming.smoke.memory", Level.MUST, "grows", "tests", timeout=30.0)
-    result = asyncio.run(run_case(spec, _grow, ReferenceDriver(), timescale=TIMESCALE))
+    result = asyncio.run(run_case(spec, _grow, ReferenceDriver(), config=RUN_CONFIG))
     assert result.verdict is Verdict.ERROR, result.message
     assert result.message.startswith("memory bound: the case grew"), result.message
     assert "past its bound of 96 MiB" in result.message

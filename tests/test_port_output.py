@@ -20,14 +20,14 @@ import pytest
 
 from harness.cases.context import CaseContext, run_case
 from harness.cases.declaration import CaseSpec
-from harness.frontends.registry import REFERENCE_SUBPROCESS
 from harness.frontends.subprocess.driver import SubprocessDriver
+from harness.frontends.table import REFERENCE_SUBPROCESS
 from harness.results.evidence import REPO_ROOT
 from harness.results.junit import junit_tree
 from harness.results.records import CaseResult, Evidence, Level, Verdict
 from harness.results.summary import REASON_CHARS, SummaryInput, summary_lines
 from tests.test_drivers import SPEC, smoke
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 pytest_plugins = ["pytester"]
 LONG = "a-port-with-a-rather-long-name-" + "x" * 30
@@ -120,7 +120,7 @@ def test_the_transcript_holds_the_driver_protocol_exchange() -> None:
     answered, in time order with the engines' frames."""
     driver = SubprocessDriver(REFERENCE_SUBPROCESS, name="crasher",
                               env={"COREWIRE_DRIVER_FAULT": "crash_on:is_sleeping"})
-    result = asyncio.run(run_case(SPEC, smoke, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, smoke, driver, config=RUN_CONFIG))
     assert result.verdict is Verdict.ERROR, result.message
     lines = [r for r in result.evidence.transcript if r.get("channel") == "driver"]
     sent = [json.loads(r["line"])["cmd"] for r in lines if r["direction"] == "in"]
@@ -151,7 +151,7 @@ def test_a_timeout_names_what_the_case_awaited() -> None:
     from harness.frontends.reference import ReferenceDriver
 
     result = asyncio.run(run_case(_bound_case("forever"), waits_for_ever, ReferenceDriver(),
-                                  timescale=TIMESCALE))
+                                  config=RUN_CONFIG))
     assert result.verdict is Verdict.TIMEOUT
     assert result.message.startswith("no outcome within the case bound (")
     assert "awaiting `await ctx.wait_until(lambda: ctx.engines is None, 30)` at " \
@@ -165,7 +165,7 @@ def test_a_wait_of_the_case_that_times_out_is_named_too() -> None:
     from harness.frontends.reference import ReferenceDriver
 
     result = asyncio.run(run_case(_bound_case("inner"), inner_wait_times_out,
-                                  ReferenceDriver(), timescale=TIMESCALE))
+                                  ReferenceDriver(), config=RUN_CONFIG))
     assert result.verdict is Verdict.TIMEOUT
     assert result.message.startswith("a wait of the case timed out at `await "
                                      "asyncio.wait_for(asyncio.Event().wait(), 0.1)` at "

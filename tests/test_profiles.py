@@ -352,23 +352,24 @@ def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
     """Before: the labels came from --profile only, so `--frontend vllm-rs@0.23.0` (engines
     speaking 0.23.0's layout, as scripts/history.py runs it) was labelled vllm-0.33."""
     from harness.frontends.naming import NamedFrontend
-    from harness.frontends.registry import make_driver, spec_profile
-    from harness.protocol.timing import DEFAULT
+    from harness.frontends.run_config import RunConfig
+    from harness.frontends.table import release_profile
     from harness.protocol.wire.profiles import VLLM_0_33
     from harness.results.compliance import render_compliance
     from harness.results.html import render_html
     from harness.run.plugin import _frontend_profiles
     from harness.run.state import CorewireSession
 
-    for release in ("0.22.0", "0.23.0", "0.33.0"):  # the driver's choice is the label's
+    for release in ("0.22.0", "0.23.0", "0.33.0"):  # the release's own is the engines'
         spec = f"vllm-rs@{release}"
-        assert spec_profile(spec) is getattr(make_driver(spec), "protocol_profile", None)
-        assert spec_profile(spec) == get_profile(f"vllm-{release}")
-    assert spec_profile("vllm-rs") is None and spec_profile("reference") is None
+        assert RunConfig(spec).engine_profile == get_profile(f"vllm-{release}")
+        assert RunConfig(spec, get_profile("vllm-0.30.0")).engine_profile.name == "vllm-0.30.0"
+    assert release_profile("vllm-rs") is None and release_profile("reference") is None
+    assert RunConfig("reference").engine_profile is VLLM_0_33
 
     def run_of(*specs: str, profile: str | None = None) -> CorewireSession:
-        run = CorewireSession(DEFAULT, None, None if profile is None else get_profile(profile),
-                              False)
+        run = CorewireSession(RunConfig(profile=None if profile is None else
+                                        get_profile(profile)), None, False)
         run.frontends = [NamedFrontend(s, s) for s in specs]
         return run
 

@@ -15,7 +15,7 @@ from harness.frontends.reference import ReferenceDriver
 from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore
 from harness.results.records import Level, Verdict
 from mock_engines.script import Emit, EngineScript, any_request
-from tests.timescale import TIMESCALE
+from tests.timescale import RUN_CONFIG
 
 SPEC = CaseSpec("failure.hazard.first_output_deadline", Level.MUST, "hazard", "tests")
 
@@ -36,7 +36,7 @@ async def deadline_aborts_at_engine(ctx: CaseContext) -> None:
 
 def test_first_output_deadline_sends_its_abort() -> None:
     driver = ReferenceDriver(frontend_kwargs={"first_output_deadline": 0.3})
-    result = asyncio.run(run_case(SPEC, deadline_aborts_at_engine, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(SPEC, deadline_aborts_at_engine, driver, config=RUN_CONFIG))
     assert result.verdict is Verdict.PASS, (result.message, result.evidence.notes)
 
 
@@ -58,6 +58,6 @@ def test_a_dead_reader_task_is_an_error_not_a_timeout() -> None:
     ran into its bound (TIMEOUT). Now the driver reports the dead task: ERROR, named."""
     spec = CaseSpec("failure.hazard.reader_crash", Level.MUST, "hazard", "tests")
     driver = ReferenceDriver(core_factory=_ReaderBugCore)
-    result = asyncio.run(run_case(spec, stream_once, driver, timescale=TIMESCALE))
+    result = asyncio.run(run_case(spec, stream_once, driver, config=RUN_CONFIG))
     assert result.verdict is Verdict.ERROR, (result.verdict, result.message)
     assert "_read_outputs died: RuntimeError: reader bug" in result.message, result.message

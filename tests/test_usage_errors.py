@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cases.context import transcript_file_name
-from harness.frontends.registry import check_spec
+from harness.frontends.table import check_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

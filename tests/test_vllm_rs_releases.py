@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from harness.frontends.api import Capability, UnsupportedOperation
-from harness.frontends.registry import check_spec, make_driver
+from harness.frontends.run_config import RunConfig
+from harness.frontends.table import check_spec, make_driver
 from harness.frontends.vllm_rs import driver as vllm_rs
 from harness.frontends.vllm_rs import process as vllm_rs_process
 from harness.frontends.vllm_rs.releases import (
@@ -44,7 +45,7 @@ def _no_binary(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def command(spec: str, ranks: list[int], in_arg: int | str = 7, out_arg: int | str = 8,
             grpc: int | None = None) -> list[str]:
-    driver = make_driver(spec)
+    driver = make_driver(RunConfig(spec))
     assert isinstance(driver, vllm_rs.VllmRsDriver)
     group: Any = _Group([_Engine(r) for r in ranks])
     return driver.command(in_arg, out_arg, 9, group, 5, grpc)[:-2]  # without --args-json
@@ -61,8 +62,8 @@ def test_spec_parser() -> None:
         check_spec("vllm-rs@0.99.0")
     with pytest.raises(ValueError, match="not a vLLM release number"):
         check_spec("vllm-rs@latest")
-    driver = make_driver("vllm-rs@0.22.1")
-    assert driver.name == "vllm-rs@0.22.1" and make_driver("vllm-rs").name == "vllm-rs"
+    driver = make_driver(RunConfig("vllm-rs@0.22.1"))
+    assert driver.name == "vllm-rs@0.22.1" and make_driver(RunConfig("vllm-rs")).name == "vllm-rs"
 
 
 def test_command_line_per_release() -> None:
@@ -91,7 +92,7 @@ def test_capabilities_per_release() -> None:
                               Capability.NUM_GPU_BLOCKS}
     assert lost["0.26.0"] == {Capability.BLOCK_SIZE, Capability.NUM_GPU_BLOCKS}
     assert lost["0.32.0"] == lost["0.33.0"] == set()
-    assert make_driver("vllm-rs@0.22.1").capabilities == RsRelease("0.22.1").capabilities
+    assert make_driver(RunConfig("vllm-rs@0.22.1")).capabilities == RsRelease("0.22.1").capabilities
     assert RsRelease("0.22.1").missing_route("add_lora") is not None
     assert RsRelease("0.23.0").missing_route("add_lora") is None
     assert RsRelease("0.23.0").missing_route("pause_generation") is not None

@@ -21,7 +21,8 @@ from typing import Any
 
 from harness.bench.proc import self_cpu, thread_cpu, thread_runnable, tree_cpu
 from harness.frontends.api import FrontendDriver, StreamHandle
-from harness.frontends.registry import make_driver
+from harness.frontends.run_config import RunConfig
+from harness.frontends.table import make_driver
 from harness.protocol.timing import DEFAULT, Timescale
 from harness.protocol.transport.endpoints import PrivateIpcDir
 from mock_engines import EngineGroup, EngineScript
@@ -139,7 +140,7 @@ class BenchFrontend:
         scripts = [EngineScript(load=mode, retain_transcript=False) for _ in range(engines)]
         coordinator = self.ipc.address("dp-stats") if engines > 1 else None
         self.group = EngineGroup(scripts, coordinator_address=coordinator)
-        self.driver: FrontendDriver = make_driver(spec, options.timescale)
+        self.driver: FrontendDriver = make_driver(RunConfig(spec, timescale=options.timescale))
         self.started_at = 0.0
         self.serving_at = 0.0
 

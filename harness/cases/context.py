@@ -30,14 +30,15 @@ from harness.cases.grading import (
     verdict_for,
 )
 from harness.frontends.api import Capability, FrontendDriver
+from harness.frontends.run_config import RunConfig
 from harness.frontends.subprocess.exchange import ExchangeLog
 from harness.hygiene import zmq_guard
 from harness.hygiene.leaks import observe_temp_sockets
 from harness.hygiene.memory_guard import guarded
 from harness.locations import IMPORT_ROOT
-from harness.protocol.timing import Timescale, poll_until, use_in_case
+from harness.protocol.timing import poll_until, use_in_case
 from harness.protocol.transport.endpoints import PrivateIpcDir
-from harness.protocol.wire.profiles import VLLM_0_33, ProtocolProfile
+from harness.protocol.wire.profiles import ProtocolProfile
 from harness.results.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
 from harness.results.excerpt import transcript_excerpt
 from harness.results.failsafe import TRANSCRIPT_NOT_WRITTEN, describe
@@ -51,17 +52,13 @@ from mock_engines.script import EngineScript
 class CaseContext:
     """Per-case handle: the driver, the engine group, timing and evidence."""
 
-    def __init__(self, spec: CaseSpec, driver: FrontendDriver,
-                 profile: ProtocolProfile | None = None,
-                 timescale: Timescale | None = None) -> None:
+    def __init__(self, spec: CaseSpec, driver: FrontendDriver, config: RunConfig) -> None:
         self.spec = spec
         self.driver = driver
-        # The run's factor for every window (the driver's, unless the caller says).
-        self.timescale = driver.timescale if timescale is None else timescale
-        # The protocol the mock engines speak: the run's --profile, else the one a driver
-        # of a given vLLM release declares (`protocol_profile`), else vllm-0.33.
-        self.profile: ProtocolProfile = (profile or getattr(driver, "protocol_profile", None)
-                                         or VLLM_0_33)
+        self.config = config  # the run's settings for this frontend
+        self.timescale = config.timescale  # the run's factor for every window
+        # The protocol the mock engines speak: the run's --profile, else the frontend's own.
+        self.profile: ProtocolProfile = config.engine_profile
         self.group: EngineGroup | None = None
         self.evidence = Evidence()
         self.start_attempt = StartAttempt()
@@ -171,17 +168,17 @@ class CaseContext:
 
 
 async def run_case(spec: CaseSpec, fn: CaseFn, driver: FrontendDriver,
-                   transcript_dir: str | None = None,
-                   profile: ProtocolProfile | None = None,
-                   timescale: Timescale | None = None,
+                   transcript_dir: str | None = None, config: RunConfig | None = None,
                    start_attempt: StartAttempt | None = None) -> CaseResult:
-    """Run one case against one driver, its engines speaking `profile`, and grade it.
-    Every window, the case's and the driver's, is scaled by `timescale` (None: the one the
-    driver was built with). `start_attempt`, when given, is filled with whether the case
-    tried to start the frontend and, if it never came up, why (harness/run/failfast.py)."""
-    if timescale is not None:
-        driver.with_timescale(timescale)
-    ctx = CaseContext(spec, driver, profile)
+    """Run one case against one driver under the run's settings (None: the defaults), its
+    engines speaking the config's engine profile, and grade it. Every window, the case's
+    and the driver's, is scaled by the config's time scale. `start_attempt`, when given, is
+    filled with whether the case tried to start the frontend and, if it never came up,
+    why (harness/run/failfast.py)."""
+    config = config or RunConfig()
+    if driver.timescale != config.timescale:  # a driver a test built itself
+        driver.with_timescale(config.timescale)
+    ctx = CaseContext(spec, driver, config)
     if start_attempt is not None:
         ctx.start_attempt = start_attempt
     with use_in_case(ctx.timescale):  # code not handed the factor (harness/protocol/timing.py)

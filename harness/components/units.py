@@ -4,7 +4,7 @@ component's environment variable.
 
 Why one class: the KV worker and the EC scheduler are chosen, checked, labelled and preloaded
 the same way; only their units, mutant tables and variables differ. Specs are parsed by
-`harness.frontends.registry.parse_spec` (the one parser of spec strings), and every unit is
+`harness.frontends.spec.parse_spec` (the one parser of spec strings), and every unit is
 imported lazily: the vLLM adapters cost tens of seconds.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
-from harness.frontends.registry import SpecGrammar, lookup, parse_spec
+from harness.frontends.spec import SpecGrammar, lookup, parse_spec
 
 F = TypeVar("F")
 DEFAULT_UNIT = "reference"

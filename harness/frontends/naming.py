@@ -25,8 +25,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.frontends.registry import parse_spec
-from harness.protocol.timing import DEFAULT, Timescale
+from harness.frontends.run_config import RunConfig
+from harness.frontends.table import parse_frontend
 
 EXPLICIT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.@+-]{0,63})=(.+)$", re.DOTALL)
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.@+:-]+")
@@ -73,7 +73,7 @@ def short_form(spec: str) -> str:
     """A stable name for a spec without its directories: the command's words, each path
     cut to its last part, joined by `_`; cut to SHORT_FORM_CHARS with a digest of the whole
     when longer. The same port started from another path keeps this name."""
-    parsed = parse_spec(spec)
+    parsed = parse_frontend(spec)
     if parsed.kind != "subprocess":
         return sanitise(spec) or "frontend"
     try:
@@ -90,7 +90,7 @@ def short_form(spec: str) -> str:
 
 def needs_probe(spec: str) -> bool:
     """A plain `subprocess:CMD` is named by its program (`reference-subprocess` is not)."""
-    return parse_spec(spec).kind == "subprocess"
+    return parse_frontend(spec).kind == "subprocess"
 
 
 def resolve(values: Sequence[str], learn: Callable[[str], str | None]
@@ -127,19 +127,19 @@ def _unique(wanted: str, fallback: str, taken: set[str]) -> str:
     return f"{fallback}-{number}"
 
 
-def probe_name(spec: str, timescale: Timescale = DEFAULT) -> str | None:
-    """Start the driver program of `spec` once, ask `init` (one engine, nothing else) and
-    stop it: its `name`, or None when it exits, breaks the protocol or stays silent for
+def probe_name(config: RunConfig) -> str | None:
+    """Start the driver program of `config.frontend` once, ask `init` (one engine, nothing
+    else) and stop it: its `name`, or None when it exits, breaks the protocol or stays silent for
     PROBE_S (scaled). Never raises: a program that cannot start is the cases' to grade."""
     import asyncio
 
-    from harness.frontends.registry import make_driver
     from harness.frontends.subprocess.driver import SubprocessDriver
+    from harness.frontends.table import make_driver
 
-    driver = make_driver(spec, timescale)
+    driver = make_driver(config)
     if not isinstance(driver, SubprocessDriver):
         return None
     try:
-        return asyncio.run(driver.introduce(timescale.scaled(PROBE_S)))
+        return asyncio.run(driver.introduce(config.timescale.scaled(PROBE_S)))
     except Exception:  # the cases will meet the same fault and grade it
         return None

@@ -50,14 +50,14 @@ def default_workers(frontends: list[str]) -> str:
     (docs/benchmarks.md): reference + kv + ec 67 s at 2 workers, 21 s at 8, 18 s at 12;
     vllm-py 155 s at 2, 67-75 s at 6, 82 s at 8, 94 s at 4."""
     from harness.frontends import naming
-    from harness.frontends.registry import parse_spec
+    from harness.frontends.table import parse_frontend
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
     kinds = set()
     for value in frontends:
         with contextlib.suppress(ValueError):  # a bad spec is the plugin's usage error
-            kinds.add(parse_spec(naming.split_name(value)[1]).kind)
+            kinds.add(parse_frontend(naming.split_name(value)[1]).kind)
     per_cpu = WORKERS_PER_CPU_VLLM_PY if "vllm-py" in kinds else WORKERS_PER_CPU
     return str(max(2, min(MAX_AUTO_WORKERS, per_cpu * cpus)))
 
@@ -281,7 +281,7 @@ def _bench(args: argparse.Namespace) -> int:
     from harness.bench import SCENARIOS, BenchOptions, run_bench
     from harness.bench.gate import EXIT_REGRESSION, compare, load_baseline
     from harness.bench.report import write_json, write_markdown, write_plots
-    from harness.frontends.registry import check_spec
+    from harness.frontends.table import check_spec
 
     frontends = args.frontend or ["reference"]
     for spec in frontends:

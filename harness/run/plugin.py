@@ -33,10 +33,10 @@ import pytest
 
 from harness.cases.declaration import CaseSpec, cases_of
 from harness.frontends import naming
-from harness.frontends.registry import check_spec, make_driver, parse_spec, spec_profile
+from harness.frontends.run_config import RunConfig, RunConfigError
+from harness.frontends.table import make_driver, parse_frontend
 from harness.hygiene import ownership, worker_exit
-from harness.protocol.timing import Timescale, TimescaleError
-from harness.protocol.wire.profiles import VLLM_0_33, ProtocolProfile, get_profile
+from harness.protocol.wire.profiles import ProtocolProfile
 from harness.results.baseline import Baseline, BaselineError, apply_baseline
 from harness.results.bounds import bound_result
 from harness.results.dirlock import ReportDirLock
@@ -92,8 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{area}: conformance cases of area {area}")
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
-    timescale = _check_usage(config)
-    selection.configure_components(config)
+    run_config = _check_usage(config)
+    selection.configure_components(run_config)
     if selection.conformance_only(config) and not _is_worker(config):
         _terminal_is_ours(config)
     path = config.getoption("baseline")
@@ -109,9 +109,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     if not _is_worker(config) and _writes_report_set(config):
         _lock_report_dir(config)  # before anything slow (naming probes a driver program)
-    session = CorewireSession(timescale, baseline, _profile(config), _is_worker(config))
+    session = CorewireSession(run_config, baseline, _is_worker(config))
     try:
-        session.frontends = _named_frontends(config, timescale)
+        session.frontends = _named_frontends(config, run_config)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     session.failfast = _start_failures(config)
@@ -148,41 +148,36 @@ def _lock_report_dir(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--report-dir {report_dir}: {exc}") from None
 
 
-def _check_usage(config: pytest.Config) -> Timescale:
+def _check_usage(config: pytest.Config) -> RunConfig:
     """Bad options are one clear usage error (exit 4) before any case runs; returns the
-    run's time scale (--timescale, else $COREWIRE_TIMESCALE: the one place it is read)."""
+    run's settings (RunConfig: the one place --profile, --timescale and the component
+    units are read and checked)."""
+    specs = []
     for value in config.getoption("frontend"):
         name, spec = naming.split_name(value)
+        specs.append(spec)
         try:
-            check_spec(spec)
-            if name is not None and parse_spec(spec).is_component:
+            if name is not None and parse_frontend(spec).is_component:
                 raise ValueError(f"--frontend {value!r}: kv:/ec: units name themselves; "
                                  f"give {spec!r} without a name")
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-    name = config.getoption("profile")
-    if name is not None:
-        from harness.protocol.wire.profiles import UnknownProfileError, get_profile
-
-        try:
-            get_profile(name)
-        except UnknownProfileError as exc:
-            raise pytest.UsageError(f"--profile: {exc}") from None
-    shard.configured_shard(config)
     try:
-        timescale = Timescale.from_user(config.getoption("timescale"), os.environ)
-    except TimescaleError as exc:
+        run_config = RunConfig.from_options(specs, config.getoption("profile"),
+                                            config.getoption("timescale"), os.environ)
+    except RunConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    shard.configured_shard(config)
     path = config.getoption("baseline")
     if path and not os.path.exists(path) and not config.getoption("update_baseline"):
         raise pytest.UsageError(f"--baseline {path}: no such file")
-    return timescale
+    return run_config
 
 
 WORKER_FRONTENDS = "corewire_frontends"  # the named frontends, in a worker's workerinput
 
 
-def _named_frontends(config: pytest.Config, timescale: Timescale
+def _named_frontends(config: pytest.Config, run_config: RunConfig
                      ) -> list[naming.NamedFrontend]:
     """The run's frontends by name: resolved once on the controller (a plain subprocess
     spec's program is asked its `init` name), handed to each xdist worker as they are, so
@@ -191,7 +186,7 @@ def _named_frontends(config: pytest.Config, timescale: Timescale
     if given is not None:
         return [naming.NamedFrontend(name, spec) for name, spec in given]
     return naming.resolve(config.getoption("frontend"),
-                          lambda spec: naming.probe_name(spec, timescale))
+                          lambda spec: naming.probe_name(run_config.for_frontend(spec)))
 
 
 def _start_failures(config: pytest.Config) -> failfast.StartFailures:
@@ -239,17 +234,11 @@ def _filtered(config: pytest.Config) -> bool:
 
 
 def _frontend_profiles(run: CorewireSession) -> dict[str, ProtocolProfile]:
-    """The profile each wire frontend's engines spoke, as CaseContext chose it: the run's
-    --profile, else the one the frontend's driver declares (vllm-rs@X), else vllm-0.33
-    (component units speak no wire protocol)."""
-    return {f.name: run.profile or spec_profile(f.spec) or VLLM_0_33 for f in run.frontends
-            if not parse_spec(f.spec).is_component}
-
-
-def _profile(config: pytest.Config) -> ProtocolProfile | None:
-    """The --profile of this run (None: each driver's own, else vllm-0.33)."""
-    name = config.getoption("profile")
-    return None if name is None else get_profile(name)
+    """The profile each wire frontend's engines spoke (its RunConfig's engine profile, as
+    every case's context used it); component units speak no wire protocol."""
+    configs = [run.config.for_frontend(f.spec) for f in run.frontends]
+    return {f.name: c.engine_profile for f, c in zip(run.frontends, configs, strict=True)
+            if not c.parsed.is_component}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -305,11 +294,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         pytest.skip(f"{Verdict.NOT_RUN.value}: {result.message}")
     attempt = StartAttempt()
     try:
-        driver = make_driver(session.spec_of(frontend), session.timescale)
+        run_config = session.config.for_frontend(session.spec_of(frontend))
+        driver = make_driver(run_config)
         driver.name = frontend  # the name every report keys on
         result = interrupts.run_interruptible(
             run_case(spec, pyfuncitem.obj, driver, os.path.join(report_dir, "transcripts"),
-                     session.profile, session.timescale, start_attempt=attempt))
+                     run_config, start_attempt=attempt))
     except Exception as exc:  # a harness fault is this case's ERROR, never a lost row
         result = CaseResult(spec.case_id, frontend, spec.level.value, spec.source,
                             spec.requirement, Verdict.ERROR,
@@ -492,7 +482,7 @@ def _write_report_set(session: pytest.Session, exitstatus: int, run: CorewireSes
     run.not_written += [note[len(TRANSCRIPT_NOT_WRITTEN):] for r in results
                         for note in r.evidence.notes if note.startswith(TRANSCRIPT_NOT_WRITTEN)]
     try:
-        write_reports(results, report_dir, run.profile, partial, run_meta,
+        write_reports(results, report_dir, run.config.profile, partial, run_meta,
                       _frontend_profiles(run))
     except ReportsNotWritten as exc:
         run.not_written += exc.failures

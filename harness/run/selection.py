@@ -26,7 +26,9 @@ from _pytest.mark import KeywordMatcher
 from _pytest.mark.expression import Expression
 
 from harness.frontends.naming import spec_of
-from harness.frontends.registry import COMPONENT_KINDS, FrontendSpec, parse_spec
+from harness.frontends.run_config import RunConfig
+from harness.frontends.spec import FrontendSpec
+from harness.frontends.table import parse_frontend
 from harness.locations import (
     MissingInstallError,
     cases_dir,
@@ -110,7 +112,7 @@ def point_at_cases(config: pytest.Config) -> None:
 def _specs(config: pytest.Config) -> list[FrontendSpec]:
     """The `--frontend` values' specs (`NAME=` removed), parsed (the plugin refused bad
     ones before this runs)."""
-    return [parse_spec(spec_of(s)) for s in config.getoption("frontend")]
+    return [parse_frontend(spec_of(s)) for s in config.getoption("frontend")]
 
 
 def wire_frontends(config: pytest.Config) -> list[str]:
@@ -119,7 +121,7 @@ def wire_frontends(config: pytest.Config) -> list[str]:
     from harness.run.state import session_of
 
     named = session_of(config).frontends
-    wire = [f.name for f in named if not parse_spec(f.spec).is_component]
+    wire = [f.name for f in named if not parse_frontend(f.spec).is_component]
     return wire if wire or named else ["reference"]
 
 
@@ -133,25 +135,20 @@ def frontend_names(config: pytest.Config) -> list[str]:
 def component_labels(config: pytest.Config, case_id: str, default: str) -> list[str]:
     """The `[...]` labels a component case runs under: none unless components are asked
     for; the named ones of its kind (`kv:` or `ec:`), else its default label."""
-    kind = parse_spec(default).kind
+    kind = parse_frontend(default).kind
     named = [s for s in _specs(config) if s.is_component]
     if named:  # `configure_components` made the named component the default
         return [default] if any(s.kind == kind for s in named) else []
     return [default] if _components_asked(config) else []
 
 
-def configure_components(config: pytest.Config) -> None:
-    """`--frontend kv:NAME` / `ec:NAME` select the component implementation (the same as
-    `$COREWIRE_KV_WORKER` / `$COREWIRE_EC_SCHEDULER`); one of each kind per run."""
+def configure_components(run_config: RunConfig) -> None:
+    """The run's component units (RunConfig: `--frontend kv:NAME` / `ec:NAME`, else
+    `$COREWIRE_KV_WORKER` / `$COREWIRE_EC_SCHEDULER`) for the component cases."""
     from harness.components import component_slot
 
-    specs = _specs(config)
-    for kind in COMPONENT_KINDS:
-        names = {s.argument for s in specs if s.kind == kind}
-        if len(names) > 1:
-            raise pytest.UsageError(f"one {kind}: component per run, got {sorted(names)}")
-        if names:
-            os.environ[component_slot(kind).env] = names.pop()
+    for kind, unit in run_config.component_units.items():
+        os.environ[component_slot(kind).env] = unit
 
 
 def _components_asked(config: pytest.Config) -> bool:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from harness.frontends.naming import NamedFrontend
-from harness.protocol.timing import Timescale
-from harness.protocol.wire.profiles import ProtocolProfile
+from harness.frontends.run_config import RunConfig
 from harness.results.baseline import Baseline
 from harness.results.records import CaseResult
 from harness.results.schema import decode_result
@@ -28,9 +27,8 @@ PROPERTY = "corewire_result"  # the call report's attribute: a case's encoded re
 class CorewireSession:
     """What one run knows: its options (read once) and what its cases produced."""
 
-    timescale: Timescale
+    config: RunConfig  # the run's settings (for its first frontend: `for_frontend`)
     baseline: Baseline | None
-    profile: ProtocolProfile | None  # --profile (None: each driver's own, else vllm-0.33)
     worker: bool  # an xdist worker: it ships results to the controller, writes no report
     results: list[CaseResult] = field(default_factory=list)
     failing: dict[tuple[str, str], str] = field(default_factory=dict)  # -> why it fails

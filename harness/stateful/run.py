@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
-from harness.frontends.registry import SpecGrammar, lookup, parse_spec
+from harness.frontends.spec import SpecGrammar, lookup, parse_spec
 from harness.stateful.machine import FrontendMachine
 from harness.stateful.replays import write_replay
 from harness.stateful.settings import stateful_settings, stateful_timescale

@@ -31,7 +31,7 @@ from harness.frontends.api import (
     StreamHandle,
     UnsupportedOperation,
 )
-from harness.frontends.registry import check_spec, make_driver, parse_spec
+from harness.frontends.run_config import RunConfig
 from harness.frontends.subprocess.faults import (
     Faults,
     exit_now,
@@ -48,6 +48,7 @@ from harness.frontends.subprocess.protocol import (
     model_facts,
 )
 from harness.frontends.subprocess.remote_engines import RemoteEngineSide, StartupBound
+from harness.frontends.table import check_spec, make_driver, parse_frontend
 from harness.protocol.timing import Timescale
 
 EX_USAGE, EX_SOFTWARE = 64, 70
@@ -77,7 +78,7 @@ def in_process_driver(spec: str) -> FrontendDriver:
     """The driver this program serves; UsageError for a spec that is no in-process
     frontend (a subprocess would start yet another program; kv:/ec: are no frontends)."""
     try:
-        parsed = parse_spec(spec)
+        parsed = parse_frontend(spec)
         check_spec(spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -86,7 +87,7 @@ def in_process_driver(spec: str) -> FrontendDriver:
                          f"an in-process driver (reference, mutant:NAME, vllm-py, ...)")
     if parsed.kind in ("kv", "ec"):
         raise UsageError(f"--frontend {spec!r} is a component unit, not a frontend")
-    return make_driver(spec)
+    return make_driver(RunConfig(spec))  # its time scale comes with `init`
 
 
 class DriverProgram:

@@ -19,11 +19,11 @@ client sees it (the client: vllm_rs_http.py, on aiohttp):
   the adapter fixture only (vllm_rs_utilities.LoraAdapters: vllm-rs picks the int ids).
 * `GET /v1/models` reports `max_model_len`; block_size and num_gpu_blocks are exposed nowhere
   over HTTP (not in /metrics, /server_info or /v1/models). They are read from the gRPC Control
-  service instead (`--grpc-listen-fd`, `GetServerInfo`; see vllm_rs_control.py).
+  service instead (`--grpc-listen-fd`, `GetServerInfo`; see control.py).
 
-`vllm-rs@X` runs the binary of vLLM release X instead (fetched once, vllm_rs_fetch.py), with
-that release's command line and capabilities (vllm_rs_releases.py) and mock engines speaking
-its protocol profile (protocol_profile).
+`vllm-rs@X` runs the binary of vLLM release X instead (fetched once, fetch.py), with that
+release's command line and capabilities (releases.py); its mock engines speak that release's
+protocol profile (RunConfig.engine_profile, from the driver table's release_profile).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from harness.frontends.vllm_rs.utilities import (
     lora_environment,
     route_for,
 )
-from harness.protocol.wire.profiles import ProtocolProfile, profile_for_release
 
 if TYPE_CHECKING:
     from harness.frontends.api import EngineSide
@@ -110,13 +109,9 @@ class VllmRsDriver(FrontendDriver):
         self.extra_args = dict(extra_args or {})
         self.version = None if release is None else release.version
         self.release = release or RsRelease(INSTALLED)
-        # The protocol the mock engines speak (CaseContext reads it; a run's --profile wins):
-        # a release's own, since its Rust decoder refuses arrays of any other length.
-        self.protocol_profile: ProtocolProfile | None = None
         if release is not None:
             self.name = f"vllm-rs@{release.version}"
             self.capabilities = release.capabilities
-            self.protocol_profile = profile_for_release(release.version)
         self.process = RsProcess(self.release, self.version, self.extra_args)
         self._http: RsHttpClient | None = None  # one session per started process
         self._streams: dict[int, CompletionStream] = {}  # id(handle) -> stream
