@@ -61,7 +61,7 @@ class Outgoing(NamedTuple):
 
 
 @dataclass(slots=True)
-class _LiveRequest:
+class _RunningRequest:
     """A scheduled request's position in its script (the lifecycle is in `phases`)."""
 
     request: m.EngineCoreRequest
@@ -103,7 +103,7 @@ class MockEngineCore:
         # The last ADD of each id in a holding phase (OPEN, SEGMENT, AWAITING_INPUT).
         self.held: dict[str, m.EngineCoreRequest] = {}
         # The script position of each held request that has steps to run.
-        self.live: dict[str, _LiveRequest] = {}
+        self.running: dict[str, _RunningRequest] = {}
         self.refused: collections.deque[LifecycleError] = collections.deque(
             maxlen=REFUSED_KEPT)
         self.dead = False
@@ -175,7 +175,7 @@ class MockEngineCore:
         if phase is None:
             return  # refused: a duplicate ADD of a live id
         if before is Phase.SEGMENT:  # the input waits for the running segment
-            live = self.live.get(rid)
+            live = self.running.get(rid)
             if live is not None:  # (a segment without steps never ends on its own)
                 live.queued.append((request, index))
         elif phase is Phase.FINISHED:  # the input closed a session between segments
@@ -191,7 +191,7 @@ class MockEngineCore:
         if request.abort_immediately:  # vLLM adds it, then aborts it (engine/core.py:559)
             self._abort(rid)
         elif steps:  # no steps: held, answered only by injected outputs, until aborted
-            self.live[rid] = _LiveRequest(request, steps, 0, now + _delay(steps[0]), now)
+            self.running[rid] = _RunningRequest(request, steps, 0, now + _delay(steps[0]), now)
 
     def _on_abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -203,7 +203,7 @@ class MockEngineCore:
     def _abort(self, rid: str) -> None:
         if self._frontend_move(rid, Event.ABORT) is None:
             return  # refused: an ABORT of an ended or unknown id
-        self.live.pop(rid, None)
+        self.running.pop(rid, None)
         self._ended(rid, self.held[rid].client_index)
 
     def _frontend_move(self, rid: str, event: Event) -> Phase | None:
@@ -245,7 +245,7 @@ class MockEngineCore:
         """The earliest time something becomes due (None: nothing scheduled)."""
         if self.dead:
             return None
-        times = [r.due for r in self.live.values()]
+        times = [r.due for r in self.running.values()]
         if self.load is not None:
             due = self.load.due()
             if due is not None:
@@ -253,13 +253,13 @@ class MockEngineCore:
         if self._replies:
             times.append(self._replies[0].due)
         if self._outbox or self._finished_for_client or (self._stats_only_due
-                                                          and not self.live):
+                                                          and not self.running):
             return 0.0
         return min(times) if times else None
 
     def has_scripted_work(self) -> bool:
         """Anything for `poll` beyond load-mode steps (replies, injections, scripts)."""
-        return bool(self.live or self._replies or self._outbox or self._finished_for_client
+        return bool(self.running or self._replies or self._outbox or self._finished_for_client
                     or self._stats_only_due)
 
     def poll(self, now: float) -> list[Outgoing]:
@@ -277,7 +277,7 @@ class MockEngineCore:
     def _step(self, now: float) -> list[Outgoing]:
         per_client: dict[int, list[m.EngineCoreOutput]] = {}
         faults: list[Outgoing] = []
-        for rid, live in list(self.live.items()):
+        for rid, live in list(self.running.items()):
             if live.due > now:
                 continue
             step = live.steps[live.position]
@@ -288,7 +288,7 @@ class MockEngineCore:
                 frames = list(step.frames)
                 self._record(now, "out", "fault", frames, note="scripted garbage frame")
                 faults.append(Outgoing(client, frames))
-                self._advance(rid, live)
+                self._next_step(rid, live)
                 continue
             if isinstance(step, FinishedOnly):
                 self._retire_silently(rid, live)
@@ -297,7 +297,7 @@ class MockEngineCore:
                 faults.append(self._emit(now, client, m.EngineCoreOutputs(
                     self.rank, [], self._full_stats(), now,
                     weight_version=self.script.weight_version)))
-                self._advance(rid, live)
+                self._next_step(rid, live)
                 continue
             per_client.setdefault(client, []).append(self._output_for(rid, live, step, now))
         out = faults
@@ -308,7 +308,7 @@ class MockEngineCore:
                                       weight_version=self.script.weight_version)
             stats = None  # like vLLM: stats ride on one client's message per step
             out.append(self._emit(now, client, msg))
-        if stats is not None and not self.live:
+        if stats is not None and not self.running:
             self._stats_only_due = False
             msg = m.EngineCoreOutputs(self.rank, [], stats, now,
                                       weight_version=self.script.weight_version)
@@ -319,15 +319,15 @@ class MockEngineCore:
             out.append(self._emit(now, client, msg))
         return out
 
-    def _retire_silently(self, rid: str, live: _LiveRequest) -> None:
+    def _retire_silently(self, rid: str, live: _RunningRequest) -> None:
         """FinishedOnly: drop the request and list it in finished_requests, no output."""
-        del self.live[rid]
+        del self.running[rid]
         self._move(rid, Event.RETIRE)
         del self.held[rid]
         self._finished_for_client.setdefault(live.request.client_index, []).append(rid)
         self._went_idle()
 
-    def _output_for(self, rid: str, live: _LiveRequest, step: Emit | EmitArrays | Finish,
+    def _output_for(self, rid: str, live: _RunningRequest, step: Emit | EmitArrays | Finish,
                     now: float) -> m.EngineCoreOutput:
         tokens = list(step.tokens)
         live.tokens_sent += len(tokens)
@@ -340,10 +340,10 @@ class MockEngineCore:
         if not isinstance(step, Finish):
             self._move(rid, Event.OUTPUT)
         if isinstance(step, Emit):
-            self._advance(rid, live)
+            self._next_step(rid, live)
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill)
         if isinstance(step, EmitArrays):
-            self._advance(rid, live)
+            self._next_step(rid, live)
             experts = m.WireArray("<i4", (len(tokens), step.experts),
                                   bytes(4 * len(tokens) * step.experts))
             return m.EngineCoreOutput(rid, tokens, events=events, prefill_stats=prefill,
@@ -354,12 +354,12 @@ class MockEngineCore:
                                   kv_transfer_params=step.kv_transfer_params,
                                   prefill_stats=prefill, error=step.error)
 
-    def _final_output_sent(self, rid: str, live: _LiveRequest, reason: m.FinishReason,
+    def _final_output_sent(self, rid: str, live: _RunningRequest, reason: m.FinishReason,
                            now: float) -> None:
         """A resumable request's stop or length ends a segment, not the session: the
         session then takes its next queued input, if one arrived (vLLM
         scheduler.add_request's streaming_queue); anything else ends the request."""
-        del self.live[rid]
+        del self.running[rid]
         segment_end = live.request.resumable and reason not in (m.FinishReason.ABORT,
                                                                 m.FinishReason.ERROR)
         phase = self._move(rid, Event.SEGMENT_END if segment_end else Event.FINAL_OUTPUT)
@@ -368,11 +368,11 @@ class MockEngineCore:
         elif live.queued:
             request, index = live.queued.pop(0)
             self._take_input(request, index, now)
-            if rid in self.live:
-                self.live[rid].queued.extend(live.queued)
+            if rid in self.running:
+                self.running[rid].queued.extend(live.queued)
 
     @staticmethod
-    def _prefill_stats(live: _LiveRequest) -> dict[str, int]:
+    def _prefill_stats(live: _RunningRequest) -> dict[str, int]:
         """vLLM's PrefillStats for a fully computed prompt (no cache hits)."""
         n = len(live.request.prompt_token_ids or [])
         return {"num_prompt_tokens": n, "num_computed_tokens": n, "num_cached_tokens": 0,
@@ -380,7 +380,7 @@ class MockEngineCore:
                 "num_cache_creation_tokens": 0}
 
     def _went_idle(self) -> None:
-        if self.script.log_stats and not self.live:
+        if self.script.log_stats and not self.running:
             self._stats_only_due = True
 
     def _scheduler_stats(self) -> dict[str, Any] | None:
@@ -396,7 +396,7 @@ class MockEngineCore:
     def _full_stats(self) -> dict[str, Any]:
         self._step_counter += 1
         return {
-            "num_running_reqs": len(self.live) + self.script.reported_load[1],
+            "num_running_reqs": len(self.running) + self.script.reported_load[1],
             "num_waiting_reqs": self.script.reported_load[0],
             "num_skipped_waiting_reqs": 0,
             "num_kv_fetch_reqs_by_stage": {"waiting_to_start": 0, "in_progress": 0,
@@ -412,7 +412,7 @@ class MockEngineCore:
             "running_lora_adapters": {}, "cudagraph_stats": None, "perf_stats": None,
         }
 
-    def _advance(self, rid: str, live: _LiveRequest) -> None:
+    def _next_step(self, rid: str, live: _RunningRequest) -> None:
         live.position += 1
         if live.position >= len(live.steps):
             # A script that ends without Finish leaves the request open until aborted.
@@ -468,7 +468,7 @@ class MockEngineCore:
 
     def live_count(self) -> int:
         """Requests this engine is running: state of the engine's own thread."""
-        return len(self.live) + (self.load.running if self.load is not None else 0)
+        return len(self.running) + (self.load.running if self.load is not None else 0)
 
     def _emit(self, now: float, client: int, outputs: m.EngineCoreOutputs) -> Outgoing:
         frames = self.codec.encode_outputs(outputs)

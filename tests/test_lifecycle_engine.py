@@ -245,7 +245,7 @@ def test_a_session_moves_through_segments_and_closes() -> None:
     add(core, request("s", resumable=True))
     assert core.phase_of("s") is P.SEGMENT
     add(core, request("s", resumable=True))  # arrives while the segment runs: queued
-    assert core.phase_of("s") is P.SEGMENT and len(core.live["s"].queued) == 1
+    assert core.phase_of("s") is P.SEGMENT and len(core.running["s"].queued) == 1
     assert deltas(core.poll(T0)) == [("s", [10], None)]
     assert deltas(core.poll(T0)) == [("s", [11], m.FinishReason.STOP)]
     assert core.phase_of("s") is P.SEGMENT  # the queued input is the next segment

@@ -46,7 +46,7 @@ def test_finished_only_names_the_request_without_an_output() -> None:
     assert [o.new_token_ids for _n, msg in first for o in msg.outputs] == [[100]]
     (_n, retired), = _messages(core.poll(T0))
     assert retired.outputs == [] and retired.finished_requests == ["r1"]
-    assert "r1" not in core.live and core.next_deadline() is None
+    assert "r1" not in core.running and core.next_deadline() is None
 
 
 def test_stats_only_step_sends_stats_without_outputs_then_goes_on() -> None:

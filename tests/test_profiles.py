@@ -357,8 +357,8 @@ def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
     from harness.protocol.wire.profiles import VLLM_0_33
     from harness.results.compliance import render_compliance
     from harness.results.html import render_html
-    from harness.run.plugin import _frontend_profiles
-    from harness.run.state import CorewireSession
+    from harness.run.options import frontend_profiles as _frontend_profiles
+    from harness.run.state import RunState
 
     for release in ("0.22.0", "0.23.0", "0.33.0"):  # the release's own is the engines'
         spec = f"vllm-rs@{release}"
@@ -367,8 +367,8 @@ def test_each_frontend_is_labelled_with_the_profile_its_engines_spoke() -> None:
     assert release_profile("vllm-rs") is None and release_profile("reference") is None
     assert RunConfig("reference").engine_profile is VLLM_0_33
 
-    def run_of(*specs: str, profile: str | None = None) -> CorewireSession:
-        run = CorewireSession(RunConfig(profile=None if profile is None else
+    def run_of(*specs: str, profile: str | None = None) -> RunState:
+        run = RunState(RunConfig(profile=None if profile is None else
                                         get_profile(profile)), None, False)
         run.frontends = [NamedFrontend(s, s) for s in specs]
         return run

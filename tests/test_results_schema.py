@@ -22,7 +22,7 @@ from harness.results.schema import (
     parse_document,
     read_results,
 )
-from harness.run.state import session_of
+from harness.run.state import run_state_of
 
 pytest_plugins = ["pytester"]
 
@@ -156,9 +156,9 @@ def test_a_second_session_does_not_inherit_the_first_ones_results(
     pytester.makepyfile(test_abort_schema_probe=CASES)
     first, doc_a = _run(pytester, "-k", "schema_probe.first")
     second, doc_b = _run(pytester, "-k", "schema_probe.second")
-    assert [r.case_id for r in session_of(first).results] == ["abort.schema_probe.first"]
-    assert [r.case_id for r in session_of(second).results] == ["abort.schema_probe.second"]
-    assert session_of(first) is not session_of(second)
+    assert [r.case_id for r in run_state_of(first).results] == ["abort.schema_probe.first"]
+    assert [r.case_id for r in run_state_of(second).results] == ["abort.schema_probe.second"]
+    assert run_state_of(first) is not run_state_of(second)
     # $COREWIRE_TIMESCALE (no --timescale) reaches the case and its driver.
     assert _messages(doc_a) == {"abort.schema_probe.first": "t=1.5 driver=1.5"}
     assert _messages(doc_b) == {"abort.schema_probe.second": "t=1.5 driver=1.5"}

@@ -15,8 +15,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from harness.bench.frontend_under_load import BenchFrontend, BenchOptions
 from harness.bench.model import Row, Scenario, latency_figures
-from harness.bench.session import BenchFrontend, BenchOptions
 from harness.frontends.api import StreamHandle
 from mock_engines.loadgen import LoadMode
 

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.bench.frontend_under_load import BenchFrontend, BenchOptions
 from harness.bench.model import Row, Scenario, latency_figures
-from harness.bench.session import BenchFrontend, BenchOptions
 from harness.frontends.api import StreamHandle
 from mock_engines.loadgen import LoadMode
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from harness.bench.control import run_abort_storm, run_startup, run_utility
+from harness.bench.frontend_under_load import BenchOptions
 from harness.bench.latency import run_token_latency, run_ttft
 from harness.bench.model import BUSY_LIMIT, SCHEMA, Scenario, scenario_to_json
-from harness.bench.session import BenchOptions
 from harness.bench.throughput import run_throughput
 
 ScenarioFn = Callable[[str, BenchOptions, Callable[[str], None]], Coroutine[Any, Any, Scenario]]

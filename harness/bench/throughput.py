@@ -16,8 +16,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from harness.bench.frontend_under_load import BenchFrontend, BenchOptions, FrontendCpu
 from harness.bench.model import Row, Scenario
-from harness.bench.session import BenchFrontend, BenchOptions, FrontendCpu
 from harness.frontends.api import StreamHandle
 from mock_engines.loadgen import LoadMode
 

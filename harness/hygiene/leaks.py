@@ -153,13 +153,13 @@ def observe_temp_sockets() -> None:
 _SESSION_HELPERS: list[Callable[[], None]] = []
 
 
-def register_session_helper(stop: Callable[[], None]) -> None:
+def register_run_helper(stop: Callable[[], None]) -> None:
     """A process-wide helper that lives for the session (vllm-py's DP-coordinator fork
     server): `stop` ends it at session end, before the leak check."""
     _SESSION_HELPERS.append(stop)
 
 
-def stop_session_helpers() -> list[str]:
+def stop_run_helpers() -> list[str]:
     """Stop every registered helper; what failed to stop, as text."""
     problems = []
     while _SESSION_HELPERS:

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.hygiene.leaks import leaks_since, snapshot, stop_session_helpers
+from harness.hygiene.leaks import leaks_since, snapshot, stop_run_helpers
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaks_at_session_end() -> Iterator[None]:
     before = snapshot()
     yield
-    stopped = stop_session_helpers()
+    stopped = stop_run_helpers()
     deadline = time.monotonic() + 5.0
     problems = stopped + leaks_since(before)
     while problems and time.monotonic() < deadline:  # sockets close asynchronously

@@ -118,18 +118,18 @@ def _specs(config: pytest.Config) -> list[FrontendSpec]:
 def wire_frontends(config: pytest.Config) -> list[str]:
     """The names of the frontends wire cases run against (`reference` when none is
     named): the run's names (harness/frontends/naming.py), not the specs."""
-    from harness.run.state import session_of
+    from harness.run.state import run_state_of
 
-    named = session_of(config).frontends
+    named = run_state_of(config).frontends
     wire = [f.name for f in named if not parse_frontend(f.spec).is_component]
     return wire if wire or named else ["reference"]
 
 
 def frontend_names(config: pytest.Config) -> list[str]:
     """Every frontend of the run by name (component specs by their text), sorted."""
-    from harness.run.state import session_of
+    from harness.run.state import run_state_of
 
-    return sorted(f.name for f in session_of(config).frontends) or ["reference"]
+    return sorted(f.name for f in run_state_of(config).frontends) or ["reference"]
 
 
 def component_labels(config: pytest.Config, case_id: str, default: str) -> list[str]:

@@ -1,6 +1,6 @@
 """One conformance run's state, held by its pytest config (never by a module global).
 
-The plugin builds a `CorewireSession` in pytest_configure from the user's options, keeps it
+The plugin builds a `RunState` in pytest_configure from the user's options, keeps it
 in `config.stash` and registers it as a plugin of that config, so two sessions in one
 process (pytester's in-process runs, a session started inside another) never see each
 other's results, failing items or time scale.
@@ -24,7 +24,7 @@ PROPERTY = "corewire_result"  # the call report's attribute: a case's encoded re
 
 
 @dataclass(eq=False)  # a pluggy plugin: hashed by identity
-class CorewireSession:
+class RunState:
     """What one run knows: its options (read once) and what its cases produced."""
 
     config: RunConfig  # the run's settings (for its first frontend: `for_frontend`)
@@ -88,9 +88,9 @@ def _crash_message(report: pytest.TestReport) -> str:
     return " ".join(message.split())
 
 
-SESSION = pytest.StashKey[CorewireSession]()
+RUN_STATE = pytest.StashKey[RunState]()
 
 
-def session_of(config: pytest.Config) -> CorewireSession:
+def run_state_of(config: pytest.Config) -> RunState:
     """The run state of `config` (built in the plugin's pytest_configure)."""
-    return config.stash[SESSION]
+    return config.stash[RUN_STATE]

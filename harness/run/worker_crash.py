@@ -27,7 +27,7 @@ from harness.results.bounds import bound_result
 from harness.results.evidence import evidence_text
 from harness.results.records import CaseResult, Evidence, Verdict
 from harness.results.schema import encode_result
-from harness.run.state import PROPERTY, session_of
+from harness.run.state import PROPERTY, run_state_of
 
 EXIT_WAIT_S = 2.0  # the worker's exit status is read this long at most (it has hung up)
 
@@ -108,7 +108,7 @@ def crashed_case(crashitem: str, report: pytest.TestReport) -> None:
         case_id, frontend, level, source, requirement, Verdict.ERROR,
         f"harness fault: the xdist worker running the case crashed ({cause}); the case "
         f"has no verdict of its own", 0.0, evidence=Evidence(notes=notes)))
-    run = session_of(config)
+    run = run_state_of(config)
     outcome = apply_baseline(result, run.baseline)
     setattr(report, PROPERTY, encode_result(result))
     report.when = "call"

@@ -106,7 +106,7 @@ def finish_live(core: MockEngineCore, rid: str, reason: m.FinishReason, now: flo
     Reaches into the engine core's live-request record: the engine has no public "finish
     this now" command, and the step list is a per-request copy, so this changes nothing else.
     """
-    live = core.live.get(rid)
+    live = core.running.get(rid)
     if live is None:
         return
     error = (m.RequestError("internal_error", "triggered failure")

@@ -40,7 +40,7 @@ from multiprocessing import connection, forkserver, resource_tracker
 from typing import Any
 
 from harness.frontends.api import StartupError
-from harness.hygiene.leaks import register_session_helper
+from harness.hygiene.leaks import register_run_helper
 
 COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
 FORKSERVER_START_TIMEOUT = 120.0  # a spawned server imports vLLM's coordinator (~5-10 s)
@@ -69,9 +69,9 @@ def coordinator_context() -> multiprocessing.context.BaseContext:
             else:
                 _spawn_server(context)
                 _HOW.append("spawned")
-            register_session_helper(_stop_server)
+            register_run_helper(_stop_server)
             if not tracker_was_running:  # the server's start started multiprocessing's tracker
-                register_session_helper(resource_tracker._resource_tracker._stop)  # type: ignore[attr-defined]
+                register_run_helper(resource_tracker._resource_tracker._stop)  # type: ignore[attr-defined]
             _CONTEXT.append(context)
         return _CONTEXT[0]
 
