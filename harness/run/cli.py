@@ -34,7 +34,7 @@ from harness.protocol.timing import DEFAULT, Timescale, TimescaleError
 USAGE_ERROR = 4  # pytest's code for a usage error; `run` passes pytest's codes through
 
 
-class UsageError(Exception):
+class CliUsageError(Exception):
     """A command the user can fix: printed as one line, exit 4, never a traceback."""
 
 
@@ -73,11 +73,11 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         if not os.access(args.report_dir, os.W_OK):
             raise PermissionError(f"cannot write to {args.report_dir}")
     except OSError as exc:
-        raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
+        raise CliUsageError(f"--report-dir {args.report_dir}: {exc}") from None
     try:
         cases = require_cases_dir()
     except MissingInstallError as exc:
-        raise UsageError(str(exc)) from None
+        raise CliUsageError(str(exc)) from None
     # The installed (or checked-out) cases, wherever `corewire run` is run from, under
     # corewire's own pytest configuration (harness/run/corewire_run.ini), not the cwd's.
     # junit.xml is the plugin's (harness/results/junit.py), beside results.json.
@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         try:
             parse_shard(args.shard)
         except ShardSpecError as exc:
-            raise UsageError(str(exc)) from None
+            raise CliUsageError(str(exc)) from None
         argv += ["--shard", args.shard]
     if args.profile:
         from harness.protocol.wire.profiles import UnknownProfileError, get_profile
@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         try:
             get_profile(args.profile)
         except UnknownProfileError as exc:
-            raise UsageError(f"--profile: {exc}") from None
+            raise CliUsageError(f"--profile: {exc}") from None
         argv += ["--profile", args.profile]
     # The stop bound scales like the child's windows: --timescale, else $COREWIRE_TIMESCALE
     # (the child reads the same two; a non-positive --timescale is its usage error).
@@ -215,13 +215,13 @@ def _merge(args: argparse.Namespace) -> int:
         try:
             baseline = Baseline.load(args.baseline)
         except (OSError, BaselineError, ValueError) as exc:
-            raise UsageError(f"--baseline {args.baseline}: {exc}") from None
+            raise CliUsageError(f"--baseline {args.baseline}: {exc}") from None
     from harness.results.failsafe import REPORTS_NOT_WRITTEN, ReportsNotWritten
 
     try:
         merged = merge_runs(args.dirs, args.report_dir, baseline)
     except MergeError as exc:
-        raise UsageError(str(exc)) from None
+        raise CliUsageError(str(exc)) from None
     except ReportsNotWritten as exc:
         for failure in exc.failures:
             print(f"corewire merge: not written: {failure}", file=sys.stderr)
@@ -288,18 +288,18 @@ def _bench(args: argparse.Namespace) -> int:
         try:
             check_spec(spec)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            raise CliUsageError(str(exc)) from None
     scenarios = (list(SCENARIOS) if not args.scenarios
                  else [s.strip() for s in args.scenarios.split(",") if s.strip()])
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
-        raise UsageError(f"--scenarios: unknown {', '.join(unknown)}; known: "
+        raise CliUsageError(f"--scenarios: unknown {', '.join(unknown)}; known: "
                          f"{', '.join(SCENARIOS)}")
     saved = load_baseline(args.bench_baseline) if args.bench_baseline else None
     try:
         os.makedirs(args.report_dir, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--report-dir {args.report_dir}: {exc}") from None
+        raise CliUsageError(f"--report-dir {args.report_dir}: {exc}") from None
     options = BenchOptions.quick() if args.quick else BenchOptions()
     options.timescale = Timescale.from_environment(os.environ)  # read once, handed down
     doc = run_bench(frontends, scenarios, options)
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                 "profiles": lambda: _profiles(args), "bench": lambda: _bench(args)}
     try:
         return commands[args.command]()
-    except UsageError as exc:
+    except CliUsageError as exc:
         print(f"corewire {args.command}: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable or malformed input

@@ -28,9 +28,7 @@ from harness.protocol.timing import Timescale
 from harness.protocol.vocab import token_text
 from harness.protocol.wire import VLLM_0_33, codec_for
 from harness.protocol.wire import messages as m
-from harness.stateful.invariants import InvariantViolation
-from harness.stateful.model import RequestModel, WireModel
-from harness.stateful.plan import (
+from harness.stateful.draws import (
     ANSWERS,
     CONFIG_SPACE,
     FINISH_REASONS,
@@ -46,6 +44,8 @@ from harness.stateful.plan import (
     finish_live,
     plan_steps,
 )
+from harness.stateful.invariants import InvariantViolation
+from harness.stateful.model import RequestModel, WireModel
 from harness.stateful.settings import stateful_timescale, stop_strings_enabled
 from harness.stateful.worlds import TRANSPORTS, SansIOWorld, World, make_world
 from mock_engines.script import EngineScript, Step, UtilityReply, default_ready, default_steps

@@ -70,23 +70,24 @@ class AlreadyAnswered(Exception):
     """A handler that has written its reply itself (init: answered from inside start)."""
 
 
-class UsageError(ValueError):
+class ProgramUsageError(ValueError):
     """The program was started with a frontend it cannot serve."""
 
 
 def in_process_driver(spec: str) -> FrontendDriver:
-    """The driver this program serves; UsageError for a spec that is no in-process
+    """The driver this program serves; ProgramUsageError for a spec that is no in-process
     frontend (a subprocess would start yet another program; kv:/ec: are no frontends)."""
     try:
         parsed = parse_frontend(spec)
         check_spec(spec)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise ProgramUsageError(str(exc)) from None
     if parsed.kind in ("subprocess", "reference-subprocess"):
-        raise UsageError(f"--frontend {spec!r} is itself a driver program: this program serves "
-                         f"an in-process driver (reference, mutant:NAME, vllm-py, ...)")
+        raise ProgramUsageError(f"--frontend {spec!r} is itself a driver program: this "
+                                f"program serves an in-process driver (reference, "
+                                f"mutant:NAME, vllm-py, ...)")
     if parsed.kind in ("kv", "ec"):
-        raise UsageError(f"--frontend {spec!r} is a component unit, not a frontend")
+        raise ProgramUsageError(f"--frontend {spec!r} is a component unit, not a frontend")
     return make_driver(RunConfig(spec))  # its time scale comes with `init`
 
 
@@ -402,7 +403,7 @@ async def serve(args: argparse.Namespace) -> int:
         return code
     try:
         driver = in_process_driver(args.frontend)
-    except UsageError as exc:
+    except ProgramUsageError as exc:
         log(f"usage: {exc}")
         return EX_USAGE
     feed = CommandFeed(sys.stdin.fileno(), asyncio.get_running_loop())
