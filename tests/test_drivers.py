@@ -250,7 +250,7 @@ def test_stderr_capture_keeps_the_head_and_the_tail() -> None:
 
 
 def test_stuck_drivers_add_up_to_one_run_level_warning() -> None:
-    from harness.frontends.subprocess.driver import stuck_driver_warning
+    from harness.frontends.subprocess.program_process import stuck_driver_warning
 
     notes = {"a[x]": ["teardown: driver ignored `shutdown` and SIGTERM; killed (SIGKILL) "
                       "after 7.0 s"],

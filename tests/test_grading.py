@@ -22,7 +22,7 @@ from harness.frontends.api import (
     StartupHang,
     UnsupportedOperation,
 )
-from harness.frontends.subprocess.driver import DriverProgramFault
+from harness.frontends.subprocess.program_process import DriverProgramFault
 from harness.frontends.subprocess.protocol import DriverProtocolError
 from harness.results.records import Level, Verdict
 

@@ -391,7 +391,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if config.getoption("update_baseline") and run.stops:
         tr.write_line("--update-baseline: not written, a frontend was stopped (STOPPED "
                       "above)", yellow=True)
-    from harness.frontends.subprocess.driver import stuck_driver_warning
+    from harness.frontends.subprocess.program_process import stuck_driver_warning
 
     warning = stuck_driver_warning({f"{r.case_id}[{r.frontend}]": r.evidence.notes
                                     for r in results})

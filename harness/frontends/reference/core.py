@@ -3,6 +3,9 @@
 It is correct by construction and deliberately explicit: each rule the conformance suites
 check is one small method (routing, ready aggregation, abort batching, utility
 aggregation, death handling), so a mutant frontend overrides exactly one of them.
+Rules of one topic are mixins beside this module: sessions.py, utilities.py, handshake.py
+(HELLO/INIT/READY), stop_strings.py (stream text) and data_parallel.py (routing, the DP
+coordinator); the records and errors are in state.py, re-exported here.
 
 Every request carries a `Phase` of the lifecycle table (harness/protocol/lifecycle.py, the frontend
 role), and `_advance` is the one place a phase changes: `requests` (the live ones),
@@ -22,7 +25,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from harness.frontends.api import (
@@ -35,7 +37,18 @@ from harness.frontends.api import (
     prompt_embeds_bytes,
 )
 from harness.frontends.reference.coordinator import CoordinatorCore
+from harness.frontends.reference.data_parallel import DataParallelRules
+from harness.frontends.reference.handshake import HandshakeRules
 from harness.frontends.reference.sessions import SessionRules, SessionState
+from harness.frontends.reference.state import (
+    DuplicateRequestId,
+    EngineDeadError,
+    EngineState,
+    InvalidRequest,
+    RequestState,
+    Send,
+)
+from harness.frontends.reference.stop_strings import StopStringRules
 from harness.frontends.reference.utilities import (
     InconsistentResults,
     PendingUtility,
@@ -44,7 +57,7 @@ from harness.frontends.reference.utilities import (
 )
 from harness.protocol.lifecycle import Event, Phase, next_phase
 from harness.protocol.transport.sockets import engine_identity
-from harness.protocol.vocab import EOS_TOKEN_ID, detokenize
+from harness.protocol.vocab import EOS_TOKEN_ID
 from harness.protocol.wire import EngineDead, ProtocolError, WireCodec
 from harness.protocol.wire import messages as m
 
@@ -52,59 +65,18 @@ MAX_ABORT_BATCH = 1024  # ids per drain pass, as vLLM's Rust client does
 # Terminal requests remembered (newest last), so a late drop, abort or output of one is a
 # lookup in the lifecycle table; one still owed an ABORT is in `stopped`, never forgotten.
 MAX_ENDED = 4096
-Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
 T = TypeVar("T")
 
 __all__ = ["MAX_ABORT_BATCH", "MAX_ENDED", "DuplicateRequestId", "EngineDeadError",
            "EngineState", "InconsistentResults", "InvalidRequest", "PendingUtility",
            "ReferenceFrontendCore", "RequestState", "Send", "UtilityFailed"]
 
-
-class EngineDeadError(FrontendError):
-    """An engine reported ENGINE_CORE_DEAD, broke the protocol, or went away."""
-
-
-class DuplicateRequestId(FrontendError):
-    """A client-chosen request id is already in flight; nothing was sent."""
-
-
-class InvalidRequest(FrontendError):
-    """A request no engine may be sent (empty prompt, prompt over max_model_len, min_tokens
-    above max_tokens); refused before its ADD, nothing was sent."""
-
-
 # Below this temperature vLLM treats a request as greedy (_SAMPLING_EPS, sampling_params.py).
 GREEDY_BELOW = 1e-5
 
 
-@dataclass
-class EngineState:
-    rank: int
-    identity: bytes
-    ready: m.EngineCoreReadyResponse | None = None
-    registered: bool = False
-    inflight: int = 0
-    reported: int = 0  # waiting + running as the engine or the coordinator last reported
-
-
-@dataclass
-class RequestState:
-    request_id: str
-    rank: int
-    handle: StreamHandle
-    stop: tuple[str, ...] = ()
-    # With stop strings: text of delivered tokens withheld until it can no longer be the
-    # start of a stop string (vLLM's stop buffer), so no client ever sees a stop string.
-    held_text: str = ""
-    # min_tokens: a stop string completing within the first min_tokens tokens is ignored;
-    # stop_floor is the text length at that token (a match must end beyond it).
-    min_tokens: int = 0
-    stop_floor: int = 0
-    session: SessionState | None = None  # a streaming-input (resumable) request
-    phase: Phase = Phase.OPEN  # the truth about the request; moved by the core's _advance
-
-
-class ReferenceFrontendCore(SessionRules, UtilityRules):
+class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStringRules,
+                            DataParallelRules):
     """Frontend role for one client (client_index) over N engines (DP ranks).
 
     `codec` is the protocol profile's codec the driver was built for (no default: the
@@ -194,54 +166,6 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
     def check_block_sizes(self) -> None:
         if len(set(self._block_sizes.values())) > 1:
             raise StartupError(f"engines disagree on block_size: {self._block_sizes}")
-
-    # ------------------------------------------------------------ handshake mode
-
-    def _handshake_engine(self, identity: bytes, stage: str) -> EngineState:
-        return self._known_engine(identity, stage)
-
-    def _handshake_status(self, engine: EngineState, payload: bytes) -> str:
-        return self._startup_decode(engine, self.codec.decode_handshake_status, payload,
-                                    "handshake message").status
-
-    def on_handshake(self, identity: bytes, payload: bytes, inputs: Sequence[str],
-                     outputs: Sequence[str]) -> bytes | None:
-        """One message on the handshake ROUTER: HELLO is answered with INIT (the addresses
-        to connect to; returned), READY is recorded. Anything out of order is refused."""
-        engine = self._handshake_engine(identity, "handshake message")
-        status = self._handshake_status(engine, payload)
-        if status == "HELLO":
-            if engine.rank in self.hello_seen:
-                raise StartupError(f"engine {engine.rank} sent HELLO twice")
-            self.hello_seen.add(engine.rank)
-            return self.init_message(engine.rank, inputs, outputs)
-        if engine.rank not in self.hello_seen or engine.rank in self.handshake_ready_seen:
-            raise StartupError(f"engine {engine.rank} sent READY out of order")
-        self.handshake_ready_seen.add(engine.rank)
-        return None
-
-    def init_message(self, rank: int, inputs: Sequence[str], outputs: Sequence[str]) -> bytes:
-        addresses = m.EngineZmqAddresses(list(inputs), list(outputs))
-        if self.coordinator_addresses is not None:  # utils.py:1272-1274
-            addresses.coordinator_input, addresses.coordinator_output = \
-                self.coordinator_addresses
-        return self.codec.encode_init(m.EngineHandshakeMetadata(addresses, {}))
-
-    @property
-    def handshake_complete(self) -> bool:
-        return self.handshake_ready_seen == set(self.engines)
-
-    def handshake_timeout(self, timeout: float) -> StartupError:
-        """Names the engines missing at the first stage that is incomplete."""
-        for stage, seen in (("HELLO", self.hello_seen),
-                            ("ready response", {r for r, e in self.engines.items()
-                                                if e.registered}),
-                            ("READY", self.handshake_ready_seen)):
-            missing = sorted(set(self.engines) - seen)
-            if missing:
-                return StartupError(f"handshake: no {stage} from engines {missing} within "
-                                    f"{timeout:.1f}s")
-        return StartupError("handshake timed out")
 
     # ------------------------------------------------------------------ requests
 
@@ -354,18 +278,6 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             raise FrontendError(f"prompt_embeds rejected: {exc}") from exc
         return m.WireArray("float32", shape, data)
 
-    def route(self, data_parallel_rank: int | None) -> int:
-        """An explicit rank is honoured (and validated); otherwise the least-loaded engine."""
-        if data_parallel_rank is not None:
-            if data_parallel_rank not in self.engines:
-                raise FrontendError(f"data_parallel_rank {data_parallel_rank} is not one of "
-                                    f"this frontend's engines {sorted(self.engines)}")
-            return data_parallel_rank
-        start = next(self._rotation)
-        order = sorted(self.engines, key=lambda r: (self.load_score(r),
-                                                    (r - start) % len(self.engines)))
-        return order[0]
-
     def load_score(self, rank: int) -> int:
         """Own in-flight count, raised to the engine's reported load (other clients' work)."""
         engine = self.engines[rank]
@@ -450,23 +362,6 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
             self.on_finished_requests(message.finished_requests)
         return []
 
-    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
-        """wave_complete / start_wave belong on the coordinator's path; on the main output
-        path they mean a miswired engine or coordinator, so the client fails closed
-        (vLLM's Rust client: UnexpectedDispatcherOutput)."""
-        self.mark_dead(f"DP control on the main output path from engine "
-                       f"{message.engine_index} (wave_complete={message.wave_complete}, "
-                       f"start_wave={message.start_wave})")
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        """A coordinator publication: the newest wave is what later ADDs carry; counts (one
-        triple per DP rank, in rank order) are load reports."""
-        self.current_wave = update.current_wave
-        ranks = sorted(self.engines)
-        for i, (waiting, running, _kv) in enumerate(update.counts or []):
-            if i < len(ranks):
-                self.on_load_report(ranks[i], int(waiting), int(running))
-
     def on_request_output(self, output: m.EngineCoreOutput) -> None:
         state = self.requests.get(output.request_id)
         if state is None:
@@ -516,85 +411,10 @@ class ReferenceFrontendCore(SessionRules, UtilityRules):
         self._finish(rid, Event.FINAL_OUTPUT, "error",
                      f"engine retired request {rid} without a final output")
 
-    def deliver_until_stop(self, state: RequestState, output: m.EngineCoreOutput) -> bool:
-        """Token by token: a stop string ends the stream at the token completing it, with
-        the text before it; the rest of the chunk is dropped (vLLM's _trim_surplus_tokens).
-        Returns True when a stop string ended the stream."""
-        handle = state.handle
-        keep = self.hold_back(state)
-        tokens = output.new_token_ids
-        for i, token in enumerate(tokens):
-            state.held_text += self.token_text(output, i)
-            pos = self.stop_position(state) if self.stop_checked(state) else -1
-            if pos >= 0:
-                # Held text covers every possible match start, so pos >= len(handle.text).
-                text = (handle.text + state.held_text)[len(handle.text):pos]
-                state.held_text = ""
-                handle.add_tokens([token], text)
-                self.end_at_stop(state, engine_finished=output.finished)
-                return True
-            last = self.releases_held_text(output, i)
-            cut = len(state.held_text) if last else max(0, len(state.held_text) - keep)
-            text, state.held_text = state.held_text[:cut], state.held_text[cut:]
-            handle.add_tokens([token], text)
-        return False
-
-    def stop_checked(self, state: RequestState) -> bool:
-        """Whether stop strings are checked at the stream's next token (the one just added
-        to the held text): only from token min_tokens + 1 on, and then only matches ending
-        past the text of the first min_tokens tokens (0.33.0 detokenizer.py:134-136, from
-        PR #22014; Rust decoded.rs:196)."""
-        count = len(state.handle.tokens) + 1  # this token's number in the stream
-        if count < state.min_tokens:
-            return False
-        if count == state.min_tokens:
-            state.stop_floor = len(state.handle.text) + len(state.held_text)
-            return False
-        return True
-
-    def token_text(self, output: m.EngineCoreOutput, index: int) -> str:
-        """The text the output's token at `index` adds to the stream: none for the last
-        token of an output the engine finished with STOP (EOS or a stop token id), which
-        vLLM's frontends keep among the tokens but leave out of the text (0.33.0
-        detokenizer.py:107-112, Rust decoded.rs:181-187)."""
-        if (output.finish_reason is m.FinishReason.STOP
-                and index == len(output.new_token_ids) - 1):
-            return ""
-        return detokenize([output.new_token_ids[index]])
-
     def hold_back(self, state: RequestState) -> int:
         """Characters withheld at the end of the text: any shorter tail could still be the
         start of a stop string (vLLM's stop buffer, len(longest stop) - 1)."""
         return max(len(s) for s in state.stop) - 1
-
-    def releases_held_text(self, output: m.EngineCoreOutput, index: int) -> bool:
-        """Whether the token at `index` releases every held character: the last token of
-        the engine's final output (no stop string can follow it)."""
-        return output.finished and index == len(output.new_token_ids) - 1
-
-    def stop_position(self, state: RequestState) -> int:
-        """Where the stop string that completes earliest in the stream's text so far starts
-        (ties: the first listed), else -1: vLLM 0.33.0's check_stop_strings and Rust
-        matches_stop_string. A stop string inside another (" t12" with "t12" and "1")
-        completes first, so it wins although it starts later."""
-        text = state.handle.text + state.held_text
-        found = [(pos + len(stop), i, pos) for i, stop in enumerate(state.stop)
-                 if (pos := self.find_stop(text, stop, state.stop_floor)) >= 0]
-        return min(found)[2] if found else -1
-
-    def find_stop(self, text: str, stop: str, floor: int = 0) -> int:
-        """Where one stop string first occurs in the text ending past `floor` (so where it
-        first completes there), else -1."""
-        return text.find(stop, max(0, floor - len(stop) + 1))
-
-    def end_at_stop(self, state: RequestState, engine_finished: bool) -> None:
-        """End the stream with 'stop' (later outputs are ignored) and, unless the engine
-        already finished the request, owe its engine an ABORT (STOP_PENDING, queued)."""
-        if engine_finished:
-            self._finish(state.request_id, Event.FINAL_OUTPUT, "stop")
-            return
-        self._finish(state.request_id, Event.STOP_MATCHED, "stop")
-        self.pending_drops.append(state.request_id)
 
     # ------------------------------------------------------------------ aborts
 

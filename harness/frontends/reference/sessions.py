@@ -24,7 +24,7 @@ from harness.protocol.wire import WireCodec
 from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
-    from harness.frontends.reference.core import EngineState, RequestState, Send
+    from harness.frontends.reference.state import EngineState, RequestState, Send
 
 # The final ADD's prompt: the engine ignores the prompt of a non-resumable ADD for a live
 # session (StreamingUpdate.from_request returns None), so any valid token list does.

@@ -21,7 +21,7 @@ from harness.protocol.wire import WireCodec
 from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
-    from harness.frontends.reference.core import EngineState, Send
+    from harness.frontends.reference.state import EngineState, Send
 
 
 class Aggregation(enum.Enum):

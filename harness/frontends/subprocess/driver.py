@@ -7,6 +7,9 @@ stderr flood (only head and tail kept), a program that ignores `shutdown` and SI
 processes it leaves behind (its whole session and every process carrying its token are
 ended and verified gone). Each fault becomes a `DriverFault` (graded ERROR) or a
 CommandTimeout (graded TIMEOUT), and the process is always reaped.
+
+The process itself (spawn, exit watch, stop, leftovers) is `ProgramProcess`, the
+driver's base (program_process.py); this module is the protocol spoken over its pipes.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,6 @@ from harness.frontends.api import (
     Capability,
     CommandTimeout,
     DriverFault,
-    FrontendDriver,
     FrontendError,
     ObservedConfig,
     Sampling,
@@ -38,6 +38,12 @@ from harness.frontends.api import (
     check_generate_options,
 )
 from harness.frontends.subprocess.exchange import FROM_DRIVER, TO_DRIVER, ExchangeLog
+from harness.frontends.subprocess.program_process import (
+    DriverProgramFault,
+    ProgramProcess,
+    stuck_driver_warning,
+    stuck_seconds,
+)
 from harness.frontends.subprocess.protocol import (
     MAX_LINE,
     PROTOCOL,
@@ -62,45 +68,12 @@ ADDED_COMMANDS = ("utility", "cancel")
 # importing is the program's overhead, not the frontend's startup, and on a loaded machine it
 # alone outlasts the 1.5 s a startup-failure case gives the frontend (the soak caught it).
 PROGRAM_START_S = 20.0
-# Teardown bounds (seconds, before the time-scale factor): the reply to `shutdown`, the exit
-# after it, the exit after SIGTERM, and SIGKILL's verification. At most 9 s in all.
-SHUTDOWN_REPLY_S = 3.0
-EXIT_GRACE_S = 2.0
-TERM_GRACE_S = 2.0
-KILL_VERIFY_S = 2.0
-# After the program exits, how long stdout may still deliver its last lines before the exit
-# itself is the fault (a child holding stdout open must not hide the exit).
-EXIT_DRAIN_S = 0.3
-# The teardown note of a program that had to be terminated; the run summary adds up the
-# seconds (`stuck_seconds`).
-STUCK_NOTE = re.compile(r"driver (?:did not exit on `shutdown`|ignored|answered `shutdown` but)"
-                        r".*? after ([0-9.]+) s")
+
+__all__ = ["ADDED_COMMANDS", "PROGRAM_START_S", "DriverProgramFault", "SubprocessDriver",
+           "stuck_driver_warning", "stuck_seconds"]
 
 
-def stuck_seconds(note: str) -> float | None:
-    """The teardown time lost to a driver that would not stop, from its case note."""
-    found = STUCK_NOTE.search(note)
-    return float(found.group(1)) if found else None
-
-
-def stuck_driver_warning(notes_by_case: Mapping[str, Sequence[str]]) -> str | None:
-    """One run-level line: how many cases' drivers would not stop, and the time it cost."""
-    lost = {case: sum(v for v in map(stuck_seconds, notes) if v is not None)
-            for case, notes in notes_by_case.items()}
-    lost = {case: seconds for case, seconds in lost.items() if seconds}
-    if not lost:
-        return None
-    worst = ", ".join(sorted(lost, key=lambda c: -lost[c])[:3])
-    return (f"WARNING: {len(lost)} case(s) had a driver that would not stop when asked "
-            f"(ignored `shutdown` or SIGTERM): {sum(lost.values()):.1f} s lost in teardown "
-            f"(e.g. {worst}; see their teardown notes)")
-
-
-class DriverProgramFault(DriverFault):
-    """The driver program crashed, exited, or broke the protocol (graded ERROR)."""
-
-
-class SubprocessDriver(FrontendDriver):
+class SubprocessDriver(ProgramProcess):
     """Runs `argv` as a driver program and talks to it over stdin/stdout.
 
     `model`: the facts `init` hands a version-2 program (None: the tiny model's,
@@ -145,23 +118,6 @@ class SubprocessDriver(FrontendDriver):
 
     # ------------------------------------------------------------------ process
 
-    async def _spawn(self) -> None:
-        self._workdir = tempfile.TemporaryDirectory(prefix="cw-drv-")
-        os.chmod(self._workdir.name, 0o700)
-        # Recorded where a later run finds them if this process dies before teardown.
-        ownership.record_dir(self._workdir.name)
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=MAX_LINE + 2, start_new_session=True,
-            preexec_fn=process_tree.become_subreaper,  # orphans stay its descendants
-            env={**os.environ, **self.timescale.child_env(), **(self.env or {}),
-                 process_tree.TOKEN_VAR: self._token})
-        ownership.record_program(self._proc.pid, self._token)
-        assert self._proc.stderr is not None
-        self._tasks = [asyncio.create_task(self._read_stdout()),
-                       asyncio.create_task(self._stderr.read_from(self._proc.stderr)),
-                       asyncio.create_task(self._watch_exit())]
-
     async def _read_stdout(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         try:
@@ -202,32 +158,11 @@ class SubprocessDriver(FrontendDriver):
         except DriverFault as exc:
             self._set_fault(exc)
 
-    async def _watch_exit(self) -> None:
-        """The program's exit is a fault even while a child of it still holds stdout open
-        (no EOF would ever come): the last lines get EXIT_DRAIN_S to arrive first."""
-        assert self._proc is not None
-        while self._proc.returncode is None:
-            await asyncio.sleep(0.05)
-        code = self._proc.returncode
-        await asyncio.sleep(self.scaled(EXIT_DRAIN_S))
-        self._set_fault(DriverProgramFault(f"driver exited (code {code}) "
-                                    f"{self._pending_text()}".rstrip()))
-
     def _pending_text(self) -> str:
         if not self._pending:
             return ""
         names = ", ".join(f"`{cmd}` (id {cid})" for cid, (cmd, _, _) in self._pending.items())
         return f"with no reply to {names}"
-
-    async def _wait_exit(self, timeout: float) -> int | None:
-        """The exit code once the program has exited, None after `timeout`. Polled: on
-        Python 3.11 `Process.wait()` also waits for every pipe to close, which a child of
-        the program holding stdout or stderr open delays indefinitely."""
-        assert self._proc is not None
-        deadline = time.monotonic() + timeout
-        while self._proc.returncode is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return self._proc.returncode
 
     def _set_fault(self, fault: DriverFault) -> None:
         if self._fault is None and not self._closing:  # after that: the exit we asked for
@@ -528,79 +463,6 @@ class SubprocessDriver(FrontendDriver):
             self._workdir.cleanup()
             ownership.forget_dir(self._workdir.name)
             self._workdir = None
-
-    async def _stop_program(self, proc: asyncio.subprocess.Process) -> None:
-        """`shutdown` (unless the program is already faulty), SIGTERM, SIGKILL; a program
-        that needed more than the polite step is noted with the seconds it cost."""
-        started = time.monotonic()
-        asked = answered = False
-        if self._fault is None:
-            asked = True
-            with contextlib.suppress(Exception):
-                await self._command("shutdown", timeout=self.scaled(SHUTDOWN_REPLY_S))
-                answered = True
-            if await self._wait_exit(self.scaled(EXIT_GRACE_S)) is not None:
-                return
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        if await self._wait_exit(self.scaled(TERM_GRACE_S)) is not None:
-            if asked:
-                what = ("answered `shutdown` but did not exit" if answered
-                        else "did not exit on `shutdown`")
-                self.leftovers.append(f"driver {what}; ended by SIGTERM after "
-                                      f"{time.monotonic() - started:.1f} s")
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        code = await self._wait_exit(self.scaled(KILL_VERIFY_S))
-        what = ("answered `shutdown` but ignored it and SIGTERM" if answered
-                else "ignored `shutdown` and SIGTERM" if asked
-                else "ignored SIGTERM (sent after its fault)")
-        self.leftovers.append(f"driver {what}; killed (SIGKILL) after "
-                              f"{time.monotonic() - started:.1f} s"
-                              + ("" if code is not None else "; STILL RUNNING"))
-
-    async def _end_leftovers(self, pid: int, seen: dict[int, process_tree.ProcessInfo]
-                             ) -> None:
-        """Processes the program left (its children in its group, daemons that called
-        setsid(), their children): SIGTERM, then SIGKILL; a fresh scan then finds what came
-        back (a daemon that answers SIGTERM with a new copy of itself, in a new session,
-        re-exec'd), which is stopped, scanned again and killed (process_tree.stop_and_kill);
-        a last scan verifies that none is left. Noted on the case."""
-        grace = self.scaled(TERM_GRACE_S)
-        left = {p: info for p, info in {**seen, **process_tree.family(pid, self._token)
-                                        }.items() if p != pid}
-        if not left:
-            return  # everything had already gone with the program
-        first = await process_tree.end_all(left.values(), grace)
-        ended = first.terminated + first.killed + first.survivors
-        killed = len(first.killed)
-        seconds = first.seconds
-
-        def rest() -> list[process_tree.ProcessInfo]:
-            found = [info for p, info in process_tree.family(pid, self._token).items()
-                     if p != pid]
-            left.update((info.pid, info) for info in found)
-            return found
-
-        respawned: list[int] = []
-        survivors: list[int] = []
-        if rest():  # came back, or would not go
-            second = await process_tree.stop_and_kill(rest, grace)
-            respawned = [p for p in second.killed + second.survivors if p not in ended]
-            survivors = second.survivors
-            seconds += second.seconds
-            ended += respawned
-        survivors = sorted(set(survivors) | {info.pid for info in rest()})
-        outside = [p for p in ended if left[p].sid != pid]
-        self.leftovers.append(
-            f"driver left {len(ended)} process(es) behind (pids {sorted(ended)}"
-            + (f"; {sorted(outside)} had left its session" if outside else "")
-            + f"): {len(first.terminated)} ended by SIGTERM, {killed} by SIGKILL in "
-            f"{seconds:.1f} s"
-            + (f"; {len(respawned)} more started while they were ended ({sorted(respawned)}"
-               f"): stopped (SIGSTOP) and killed" if respawned else "")
-            + (f"; STILL RUNNING: {survivors}" if survivors else ""))
 
     def teardown_notes(self) -> list[str]:
         return list(self.leftovers)

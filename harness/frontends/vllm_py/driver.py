@@ -41,29 +41,24 @@ teardown ABORTs reach the wire), vLLM's background tasks are awaited, and the ZM
 vLLM leaves to the garbage collector is terminated (bounded), so nothing outlives a case.
 
 vLLM is imported lazily (about 10 s, once per process) and one VllmConfig is built per DP size
-and deep-copied per case (about 1 ms), because AsyncLLM mutates the config it is given.
+and deep-copied per case (about 1 ms), because AsyncLLM mutates the config it is given
+(loader.py); how vLLM's exceptions and log records are reported is reporting.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import copy
 import gc
-import importlib
 import itertools
 import logging
-import os
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.artefacts.vllm_dist import tiny_model_dir
 from harness.frontends.api import (
     ALL_CAPABILITIES,
     GREEDY,
@@ -83,6 +78,14 @@ from harness.frontends.vllm_py import handshake
 from harness.frontends.vllm_py.env import hold_rpc_base, release_rpc_base
 from harness.frontends.vllm_py.forkserver import coordinator_context
 from harness.frontends.vllm_py.inputs import SessionFeed, consume_session, embeds_request
+from harness.frontends.vllm_py.loader import (
+    _base_config,
+    _listen,
+    _load_vllm,
+    _Vllm,
+    client_sampling,
+)
+from harness.frontends.vllm_py.reporting import _describe, _LogTail
 from harness.frontends.vllm_py.utilities import async_llm_call, normalise
 from harness.protocol.transport.endpoints import PrivateIpcDir
 
@@ -93,135 +96,7 @@ UTILITY_TIMEOUT = 60.0  # per call, before scaling: longer than any case bound (
 ABORT_TIMEOUT = 10.0  # an abort only sends frames; it never waits for an engine
 DROP_TIMEOUT = 10.0  # for cancelled consumers to unwind (each sends its ABORT)
 TEARDOWN_TIMEOUT = 5.0  # for vLLM's tasks and the ZMQ context after shutdown
-LOG_LINES = 60  # vLLM log records kept for diagnostics()
 DIAGNOSTIC_LINES = 25
-
-
-@dataclass(frozen=True)
-class _Vllm:
-    """The few vLLM objects the driver uses (typed Any: mypy stays out of vLLM's sources)."""
-
-    async_llm: Any  # class AsyncLLM
-    core_client: Any  # module vllm.v1.engine.core_client (ready-timeout knob)
-    engine_args: Any  # class EngineArgs
-    coordinator: Any  # module vllm.v1.engine.coordinator (its process start, handshake mode)
-    sampling_params: Any  # class SamplingParams
-    output_kind: Any  # enum RequestOutputKind
-    tokens_prompt: Any  # TypedDict TokensPrompt
-
-
-_VLLM: _Vllm | None = None
-_VLLM_ERROR: str | None = None
-_CONFIGS: dict[int, Any] = {}  # data_parallel_size -> pristine VllmConfig (never handed out)
-_LOCK = threading.Lock()
-
-
-def client_sampling(vllm: _Vllm, sampling: Sampling, **fixed: Any) -> Any:
-    """vLLM's SamplingParams for the client's sampling, every field as asked (AsyncLLM
-    then adds the model's EOS, input_processor.py:489)."""
-    return vllm.sampling_params(
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        min_p=sampling.min_p, seed=sampling.seed, ignore_eos=sampling.ignore_eos,
-        min_tokens=sampling.min_tokens, stop_token_ids=list(sampling.stop_token_ids) or None,
-        **fixed)
-
-
-def _load_vllm() -> _Vllm:
-    """Import vLLM once per process; the environment must be set before the first import."""
-    global _VLLM, _VLLM_ERROR
-    with _LOCK:
-        if _VLLM is not None:
-            return _VLLM
-        if _VLLM_ERROR is not None:
-            raise StartupError(_VLLM_ERROR)
-        os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # loopback only; never probe a public address
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        # No collector passes while the import builds ~600k objects (10 % of its CPU; they
-        # are almost all alive when it ends; the full pass below frees what it left).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            _VLLM = _Vllm(
-                async_llm=importlib.import_module("vllm.v1.engine.async_llm").AsyncLLM,
-                core_client=importlib.import_module("vllm.v1.engine.core_client"),
-                coordinator=importlib.import_module("vllm.v1.engine.coordinator"),
-                engine_args=importlib.import_module("vllm.engine.arg_utils").EngineArgs,
-                sampling_params=importlib.import_module("vllm.sampling_params").SamplingParams,
-                output_kind=importlib.import_module("vllm.sampling_params").RequestOutputKind,
-                tokens_prompt=importlib.import_module("vllm.inputs").TokensPrompt,
-            )
-        except Exception as exc:  # ImportError, or a broken install raising anything else
-            _VLLM_ERROR = f"vllm is not importable here: {type(exc).__name__}: {exc}"
-            raise StartupError(_VLLM_ERROR) from exc
-        finally:
-            if collecting:
-                gc.enable()
-        if not hasattr(_VLLM.core_client, "VLLM_ENGINE_READY_TIMEOUT_S"):
-            _VLLM_ERROR = ("vllm.v1.engine.core_client has no VLLM_ENGINE_READY_TIMEOUT_S: not "
-                           "the 0.33.0 client this driver was written against")
-            _VLLM = None
-            raise StartupError(_VLLM_ERROR)
-        # As `vllm serve` does once it has started (freeze_gc_heap(),
-        # vllm/entrypoints/launchers/utils/server_utils.py:94): the import's ~600k objects
-        # leave the collector's view, so its full passes stop re-scanning them (measured: 1-5
-        # CPU-s a worker over a lane, and 0.3-0.5 s per explicit full collect). Unfrozen at
-        # exit: the interpreter's last pass then frees them, and nanobind-based extensions
-        # imported by vLLM do not report them as leaked on stderr.
-        gc.collect()
-        gc.freeze()
-        atexit.register(gc.unfreeze)
-        return _VLLM
-
-
-def _base_config(vllm: _Vllm, dp_size: int) -> Any:
-    """The VllmConfig for `dp_size` engines, built once per process (first build ~0.15 s)."""
-    with _LOCK:
-        config = _CONFIGS.get(dp_size)
-        if config is None:
-            # No max_model_len: the model's own limit (2048) stays above what engines report,
-            # so the engines' ready responses decide it.
-            args = vllm.engine_args(model=str(tiny_model_dir()), skip_tokenizer_init=False,
-                                    data_parallel_size=dp_size)
-            config = _CONFIGS[dp_size] = args.create_engine_config()
-        return config
-
-
-def _listen(address: str) -> socket.socket:
-    """A listening AF_UNIX socket at an ipc:// address, for AsyncLLM to adopt (ZMQ_USE_FD)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(address.removeprefix("ipc://"))
-        sock.listen()
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _describe(exc: BaseException) -> str:
-    """`Type: message`, plus the cause (EngineGenerateError and friends carry no text)."""
-    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and not str(exc):
-        text += f" (from {type(cause).__name__}: {cause})"
-    return text
-
-
-class _LogTail(logging.Handler):
-    """Keeps the last vLLM log records (with exception text) for diagnostics()."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: deque[str] = deque(maxlen=LOG_LINES)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:
-            text = str(record.msg)
-        if record.exc_info and record.exc_info[1] is not None:
-            text += f" [{_describe(record.exc_info[1])}]"
-        self.lines.append(f"{record.levelname} {record.name}: {text}")
 
 
 class VllmPyDriver(FrontendDriver):

@@ -165,7 +165,7 @@ class HandshakeStartup:
 
     def __init__(self, vllm: Any, config: Any, ready_timeout: float,
                  timescale: Timescale, port: ReservedTcpPort) -> None:
-        self._vllm = vllm  # harness.frontends.vllm_py.driver._Vllm
+        self._vllm = vllm  # harness.frontends.vllm_py.loader._Vllm
         self._port = port  # held until the constructor has bound (or failed to bind) it
         self._timescale = timescale
         self._config = config
