@@ -1,7 +1,11 @@
 """The dp area's mutants: reference frontends that each break one dp rule.
 
 Each registers itself (harness/mutation/registry.py); the kill matrix and
-`--frontend mutant:NAME` find it there.
+`--frontend mutant:NAME` find it there. The sections follow the area's case files: each
+names the file whose cases catch its mutants. Most break the reference core
+(`ReferenceFrontendCore`) or its DP coordinator (`coordinator_class`); a few the I/O layer
+(`ReferenceFrontend`). The `hist_*` ones are bug classes from vLLM's history
+(docs/mutation-history.md), each beside the rule it breaks.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ from harness.protocol.wire import ProtocolError
 from harness.protocol.wire import messages as m
 from harness.protocol.wire.codec import AddRequest
 
+# ---------------------------------------------------------------- coordinator waves
+# Wave control in the frontend-owned DP coordinator (test_coordinator_waves.py; its INIT
+# addresses: conformance/handshake/test_init.py).
 
 class _ExcludeNoneCoordinator(CoordinatorCore):
     def start_dp_wave(self, wave: int, sender: int | None) -> Publish:
@@ -158,264 +165,45 @@ class InitWithoutCoordinator(ReferenceFrontendCore):
             self.coordinator_addresses = saved
 
 
-@mutant("rank_indexes_engine_list", "data_parallel_rank used as a list index (-1 = last)")
-class RankIndexesEngineList(ReferenceFrontendCore):
-    """`engines[rank]` on the sorted list: -1 silently means the last engine."""
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is None:
-            return super().route(None)
-        ranks = sorted(self.engines)
-        try:
-            return ranks[data_parallel_rank]
-        except IndexError:
-            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range"
-                                ) from None
-
-
-@mutant("rank_wraps_modulo", "data_parallel_rank wrapped modulo the engine count")
-class RankWrapsModulo(ReferenceFrontendCore):
-    """Any rank is wrapped modulo the engine count instead of being refused."""
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is None:
-            return super().route(None)
-        ranks = sorted(self.engines)
-        return ranks[data_parallel_rank % len(ranks)]
-
-
-@mutant("rank_unchecked", "out-of-range data_parallel_rank sent to a missing identity")
-class RankUnchecked(ReferenceFrontendCore):
-    """No range check: the ADD is addressed to the identity of a rank that does not exist,
-    so the ROUTER drops it and the caller waits forever."""
-
-    def add_request(self, prompt: Sequence[int], max_tokens: int,
-                    **options: Any) -> tuple[StreamHandle, Send]:
-        data_parallel_rank: int | None = options.get("data_parallel_rank")
-        if data_parallel_rank is None or data_parallel_rank in self.engines:
-            return super().add_request(prompt, max_tokens, **options)
-        options["data_parallel_rank"] = None
-        handle, (_identity, frames) = super().add_request(prompt, max_tokens, **options)
-        return handle, (engine_identity(data_parallel_rank & 0xFFFF), frames)
-
-
-@mutant("round_robin_routing", "unpinned requests rotate, ignoring in-flight load")
-class RoundRobinRouting(ReferenceFrontendCore):
-    """Unpinned requests rotate over the engines, ignoring what is in flight."""
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None:
-            return super().route(data_parallel_rank)
-        return next(self._rotation)
-
-
-@mutant("snapshot_resets_inflight", "a coordinator publication resets the in-flight "
-        "counts, ties to the lowest rank")
-class SnapshotResetsInflight(ReferenceFrontendCore):
-    """Routing scores each engine by the coordinator's last counts plus the requests sent
-    since (every publication resets them) and breaks ties by lowest rank: a stale all-idle
-    snapshot mid-burst piles the rest of the burst onto the first engines."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.since_snapshot: dict[int, int] = {}
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        super().on_dp_stats(update)
-        self.since_snapshot = {}
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None:
-            return super().route(data_parallel_rank)
-        rank = min(self.engines, key=lambda r: (
-            self.engines[r].reported + self.since_snapshot.get(r, 0), r))
-        self.since_snapshot[rank] = self.since_snapshot.get(rank, 0) + 1
-        return rank
-
-
-@mutant("legacy_wakeup_sent", "a FIRST_REQ wake-up sent to the DP coordinator with "
-        "each request")
-class LegacyWakeupFrontend(ReferenceFrontend):
-    """What clients before the engines woke each other did: every request also goes to the
-    DP coordinator as `("FIRST_REQ", rank)` (a 0.33.0 coordinator logs it as unexpected)."""
-
-    async def generate(self, prompt: Sequence[int], max_tokens: int, **options: Any
-                       ) -> StreamHandle:
-        handle = await super().generate(prompt, max_tokens, **options)
-        state = self.core.requests.get(handle.request_id or "")
-        if self._stats is not None and state is not None:
-            await self._stats.send(msgpack.encode(("FIRST_REQ", state.rank)))
-        return handle
-
-
-@mutant("pinned_not_counted", "pinned requests not counted as in flight")
-class PinnedNotCounted(ReferenceFrontendCore):
-    """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
-
-    def add_request(self, prompt: Sequence[int], max_tokens: int,
-                    **options: Any) -> tuple[StreamHandle, Send]:
-        handle, send = super().add_request(prompt, max_tokens, **options)
-        data_parallel_rank: int | None = options.get("data_parallel_rank")
-        if data_parallel_rank is not None:
-            self.engines[data_parallel_rank].inflight -= 1
-            self.__dict__.setdefault("pinned", set()).add(handle.request_id)
-        return handle, send
-
-    def _finish(self, rid: str, event: Event, reason: str | None,
-                error: str | None = None) -> None:
-        state = self.requests.get(rid)
-        super()._finish(rid, event, reason, error)
-        if state is not None and rid in self.__dict__.get("pinned", set()):
-            self.engines[state.rank].inflight += 1  # it was never counted
-
-
-@mutant("inflight_never_released", "in-flight count not released when a request ends")
-class InflightNeverReleased(ReferenceFrontendCore):
-    """The in-flight count is bumped on ADD but never released when a request ends."""
-
-    def _finish(self, rid: str, event: Event, reason: str | None,
-                error: str | None = None) -> None:
-        state = self.requests.get(rid)
-        super()._finish(rid, event, reason, error)
-        if state is not None:
-            self.engines[state.rank].inflight += 1
-
-
-@mutant("wave_never_stamped", "ADDs always carry current_wave 0")
-class WaveNeverStamped(ReferenceFrontendCore):
-    """Coordinator publications are read for load only; ADDs always carry wave 0."""
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        pass
-
-
-@mutant("wave_first_only", "the first published wave is cached forever")
-class WaveFirstOnly(ReferenceFrontendCore):
-    """The first published wave is cached and never updated."""
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        if not self.__dict__.get("wave_seen"):
-            self.__dict__["wave_seen"] = True
-            super().on_dp_stats(update)
-
-
-@mutant("wave_only_while_running", "the wave moves only while engines run")
-class WaveFromWaveCompleteOnly(ReferenceFrontendCore):
-    """Only a coordinator publication with engines running moves the wave."""
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        if update.engines_running:
-            super().on_dp_stats(update)
-
-
-@mutant("dp_control_ignored", "DP control on the main output path ignored")
-class DpControlIgnored(ReferenceFrontendCore):
-    """wave_complete / start_wave on the main output path are silently dropped."""
-
-    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
-        pass
-
-
-@mutant("rank_off_by_one", "the last engine's rank refused (off-by-one range check)")
-class RankOffByOne(ReferenceFrontendCore):
-    """Range check written as `rank < count - 1`: the last engine can never be pinned."""
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None and data_parallel_rank >= max(self.engines):
-            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range")
-        return super().route(data_parallel_rank)
-
-
-@mutant("identities_from_zero", "engine identities 0..n-1, start index ignored")
-class IdentitiesFromZero(ReferenceFrontendCore):
-    """Engine identities built as 0..count-1, ignoring the engine start index."""
-
-    def __init__(self, ranks: Sequence[int], **kwargs: Any) -> None:
-        super().__init__(list(range(len(ranks))), **kwargs)
-
-
-@mutant("reported_load_ignored", "engines' reported load ignored by routing")
-class ReportedLoadIgnored(ReferenceFrontendCore):
-    """Routing looks at this client's own in-flight count only."""
-
-    def load_score(self, rank: int) -> int:
-        return self.engines[rank].inflight
-
-
-@mutant("explicit_rank_ignored", "data_parallel_rank not honoured")
-class ExplicitRankIgnored(ReferenceFrontendCore):
-    def route(self, data_parallel_rank: int | None) -> int:
-        return super().route(None)
-
-
-@mutant("all_to_first_engine", "no load balancing: everything to engine 0")
-class AllToFirstEngine(ReferenceFrontendCore):
-    def route(self, data_parallel_rank: int | None) -> int:
-        return min(self.engines) if data_parallel_rank is None else data_parallel_rank
-
-
-@mutant("engine_one_unreachable", "every request sent to the first engine's identity")
-class EngineOneUnreachable(ReferenceFrontendCore):
-    """Maps every engine's requests to the first engine's identity."""
-
-    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
-                    data_parallel_rank: int | None = None,
-                    stop: Sequence[str] | None = None, request_id: str | None = None,
-                    params: Mapping[str, Any] | None = None,
-                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
-        handle, (_identity, frames) = super().add_request(
-            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
-            request_id=request_id, params=params, sampling=sampling)
-        return handle, (self.engines[min(self.engines)].identity, frames)
-
-
-@mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped")
-class NilCountsSkipped(ReferenceFrontendCore):
-    """A coordinator publication without counts (the wave-only update a 0.33.0 coordinator
-    sends on every wave change) is skipped as malformed: its wave never reaches an ADD
-    (a port whose stats struct has a non-optional counts list)."""
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        if update.counts is None:
-            return
-        super().on_dp_stats(update)
-
-
-@mutant("coordinator_counts_ignored", "the coordinator's load counts are ignored "
-        "(scheduler_stats only)")
-class CoordinatorCountsIgnored(ReferenceFrontendCore):
-    """The coordinator's publications update the wave only; load comes from
-    scheduler_stats alone."""
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        self.current_wave = update.current_wave
-
-
-@mutant("first_publication_kept", "load counts from the first coordinator publication "
-        "only")
-class FirstPublicationKept(ReferenceFrontendCore):
-    """Load counts are taken from the first publication only (cached, never refreshed)."""
-
-    _counts_seen = False
-
-    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
-        if self._counts_seen and update.counts:
-            self.current_wave = update.current_wave
-            return
-        self._counts_seen = self._counts_seen or bool(update.counts)
-        super().on_dp_stats(update)
-
-
-@mutant("death_error_text_dropped", "engine death ends streams with no error text")
-class DeathErrorTextDropped(ReferenceFrontendCore):
-    """Engine death ends the open streams with a bare "error" finish: the why is lost."""
-
-    def mark_dead(self, reason: str) -> None:
-        if self.dead is None:
-            for rid in list(self.requests):
-                self._finish(rid, Event.ENGINE_DEAD, "error")
-        super().mark_dead(reason)
-
+def _start_wave_rewinds() -> tuple[Transition, ...]:
+    """The reference's transitions with START_WAVE applied whenever the engines are paused,
+    whatever its wave (a stale one too)."""
+    out = []
+    for t in TRANSITIONS:
+        if t.signal is Signal.START_WAVE:
+            t = Transition(t.signal,
+                           lambda s, w: w > s.current_wave or not s.engines_running,
+                           lambda s, w: WaveState(w, True), True,
+                           "start_wave(w) applied whenever paused (a stale w rewinds)")
+        out.append(t)
+    return tuple(out)
+
+
+class _RewindingCoordinator(CoordinatorCore):
+    transitions = _start_wave_rewinds()
+
+    def apply(self, signal: Signal, wave: int, sender: int) -> list[Effect]:
+        if (signal is Signal.START_WAVE and wave < self.state.current_wave
+                and not self.state.engines_running):
+            registry.fired("hist_stale_start_wave_rewinds")
+        return super().apply(signal, wave, sender)
+
+
+@mutant("hist_stale_start_wave_rewinds", "a stale start_wave while paused rewinds the "
+        "coordinator's wave", source=VLLM + "pull/46833", history=True)
+class StaleStartWaveRewinds(ReferenceFrontendCore):
+    """vLLM PR #46833 ("[Rust Frontend] Start current wave for a stale DP FirstRequest"):
+    the in-process DP coordinator applied a stale start request for wave W unconditionally
+    after WaveComplete(W) had moved current_wave to W + 1, "rewinding current_wave back to
+    W and broadcasting a superseded wave". Here the frontend-owned coordinator takes an
+    engine's stale start_wave(W) while paused: current_wave rewinds to W, START_DP_WAVE(W)
+    is published and later ADDs carry W."""
+
+    coordinator_class = _RewindingCoordinator
+
+# ---------------------------------------------------------------- coordinator sockets
+# What the coordinator takes from the engines: load, miswired traffic, subscriptions
+# (test_coordinator.py).
 
 class _LoadIgnoringCoordinator(CoordinatorCore):
     def on_stats(self, rank: int, stats: object) -> list[Effect]:
@@ -467,6 +255,26 @@ class CoordinatorMiswiringTolerated(ReferenceFrontendCore):
     coordinator_class = _TolerantCoordinator
 
 
+class _LenientCoordinator(CoordinatorCore):
+    """Skips an engine message it cannot use, as the stats reader skips an undecodable
+    publication."""
+
+    def on_engine_output(self, frames: Sequence[bytes]) -> list[Effect]:
+        try:
+            return super().on_engine_output(frames)
+        except CoordinatorError:
+            return []
+
+
+@mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
+        "coordinator path are dropped; the client serves on")
+class CoordinatorPathMisuseIgnored(ReferenceFrontendCore):
+    """The frontend's DP coordinator drops request outputs / utility replies that a
+    miswired engine sends on the coordinator path, and the client serves on."""
+
+    coordinator_class = _LenientCoordinator
+
+
 class _CauseDroppingCoordinator(CoordinatorCore):
     def on_engine_output(self, frames: Sequence[bytes]) -> list[Effect]:
         try:
@@ -516,6 +324,88 @@ class CoordinatorLateSubscriptionIgnored(ReferenceFrontendCore):
 
     coordinator_class = _OnceOnlyGateCoordinator
 
+# ---------------------------------------------------------------- pinned routing
+# Requests pinned with data_parallel_rank (test_routing_pinned.py).
+
+@mutant("rank_indexes_engine_list", "data_parallel_rank used as a list index (-1 = last)")
+class RankIndexesEngineList(ReferenceFrontendCore):
+    """`engines[rank]` on the sorted list: -1 silently means the last engine."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        try:
+            return ranks[data_parallel_rank]
+        except IndexError:
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range"
+                                ) from None
+
+
+@mutant("rank_wraps_modulo", "data_parallel_rank wrapped modulo the engine count")
+class RankWrapsModulo(ReferenceFrontendCore):
+    """Any rank is wrapped modulo the engine count instead of being refused."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is None:
+            return super().route(None)
+        ranks = sorted(self.engines)
+        return ranks[data_parallel_rank % len(ranks)]
+
+
+@mutant("rank_unchecked", "out-of-range data_parallel_rank sent to a missing identity")
+class RankUnchecked(ReferenceFrontendCore):
+    """No range check: the ADD is addressed to the identity of a rank that does not exist,
+    so the ROUTER drops it and the caller waits forever."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int,
+                    **options: Any) -> tuple[StreamHandle, Send]:
+        data_parallel_rank: int | None = options.get("data_parallel_rank")
+        if data_parallel_rank is None or data_parallel_rank in self.engines:
+            return super().add_request(prompt, max_tokens, **options)
+        options["data_parallel_rank"] = None
+        handle, (_identity, frames) = super().add_request(prompt, max_tokens, **options)
+        return handle, (engine_identity(data_parallel_rank & 0xFFFF), frames)
+
+
+@mutant("rank_off_by_one", "the last engine's rank refused (off-by-one range check)")
+class RankOffByOne(ReferenceFrontendCore):
+    """Range check written as `rank < count - 1`: the last engine can never be pinned."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None and data_parallel_rank >= max(self.engines):
+            raise FrontendError(f"data_parallel_rank {data_parallel_rank} out of range")
+        return super().route(data_parallel_rank)
+
+
+@mutant("identities_from_zero", "engine identities 0..n-1, start index ignored")
+class IdentitiesFromZero(ReferenceFrontendCore):
+    """Engine identities built as 0..count-1, ignoring the engine start index."""
+
+    def __init__(self, ranks: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(list(range(len(ranks))), **kwargs)
+
+
+@mutant("explicit_rank_ignored", "data_parallel_rank not honoured")
+class ExplicitRankIgnored(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return super().route(None)
+
+
+@mutant("engine_one_unreachable", "every request sent to the first engine's identity")
+class EngineOneUnreachable(ReferenceFrontendCore):
+    """Maps every engine's requests to the first engine's identity."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int, *,
+                    data_parallel_rank: int | None = None,
+                    stop: Sequence[str] | None = None, request_id: str | None = None,
+                    params: Mapping[str, Any] | None = None,
+                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        handle, (_identity, frames) = super().add_request(
+            prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
+            request_id=request_id, params=params, sampling=sampling)
+        return handle, (self.engines[min(self.engines)].identity, frames)
+
 
 @mutant("rank_refusal_unexplained", "an out-of-range data_parallel_rank is refused "
         "without naming it")
@@ -529,21 +419,124 @@ class RankRefusalUnexplained(ReferenceFrontendCore):
             raise FrontendError("invalid data_parallel_rank") from None
 
 
-@mutant("dp_control_unexplained", "DP control on the main output path fails the client "
-        "with no cause")
-class DpControlUnexplained(ReferenceFrontendCore):
-    """DP control on the main output path fails the client closed without saying why."""
-
-    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
-        self.mark_dead("engine failure")
-
-
 @mutant("pinned_rank_not_stamped", "a pinned ADD does not carry its data_parallel_rank")
 class PinnedRankNotStamped(AddRewritten):
     """An explicit data_parallel_rank routes the request but is stripped from the ADD."""
 
     def rewrite(self, request: m.EngineCoreRequest) -> m.EngineCoreRequest:
         return msgspec.structs.replace(request, data_parallel_rank=None)
+
+
+@mutant("hist_rank_checked_against_count", "a pinned rank is checked against the engine "
+        "count and addressed as a global index", source=VLLM + "pull/51178", history=True)
+class RankCheckedAgainstCount(ReferenceFrontendCore):
+    """vLLM PR #51178 ("[Rust Frontend][gRPC] Add explicit data-parallel rank routing";
+    InvalidDataParallelRank "rank {rank} is out of range for {num_engines} engine(s)" became
+    "not connected to this frontend; connected ranks", reviewed as "something missed when
+    adding hybrid/external DPLB"): a pinned rank is checked against the engine count and
+    sent to EngineId::from_engine_index(rank). With engines [2, 3] (start index 2) a pin to
+    rank 2 is refused and a pin to rank 0 goes to an identity no engine has."""
+
+    def register_request(self, prompt: Sequence[int], max_tokens: int, *,
+                         data_parallel_rank: int | None = None,
+                         stop: Sequence[str] | None = None, request_id: str | None = None,
+                         params: Mapping[str, Any] | None = None, resumable: bool = False,
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+        rank = data_parallel_rank
+        options: dict[str, Any] = {"stop": stop, "request_id": request_id,
+                                   "params": params, "resumable": resumable,
+                                   "sampling": sampling}
+        if rank is None or (rank in self.engines and rank < len(self.engines)):
+            return super().register_request(prompt, max_tokens,
+                                             data_parallel_rank=rank, **options)
+        if not 0 <= rank < len(self.engines):
+            if rank in self.engines:
+                registry.fired("hist_rank_checked_against_count")  # a connected engine refused
+            raise FrontendError(f"data parallel rank {rank} is out of range for "
+                                f"{len(self.engines)} engine(s)")
+        registry.fired("hist_rank_checked_against_count")  # in range, but not an engine of ours
+        self._check_alive()
+        handle, (_identity, frames) = super().register_request(
+            prompt, max_tokens, data_parallel_rank=None, **options)
+        decoded = self.codec.decode_engine_input(frames)
+        assert isinstance(decoded, AddRequest)
+        request = msgspec.structs.replace(decoded.request, data_parallel_rank=rank)
+        return handle, (engine_identity(rank), self.codec.encode_add(request))
+
+# ---------------------------------------------------------------- in-flight routing
+# Unpinned requests by the frontend's own in-flight count (test_routing_inflight.py).
+
+@mutant("round_robin_routing", "unpinned requests rotate, ignoring in-flight load")
+class RoundRobinRouting(ReferenceFrontendCore):
+    """Unpinned requests rotate over the engines, ignoring what is in flight."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        return next(self._rotation)
+
+
+@mutant("all_to_first_engine", "no load balancing: everything to engine 0")
+class AllToFirstEngine(ReferenceFrontendCore):
+    def route(self, data_parallel_rank: int | None) -> int:
+        return min(self.engines) if data_parallel_rank is None else data_parallel_rank
+
+
+@mutant("snapshot_resets_inflight", "a coordinator publication resets the in-flight "
+        "counts, ties to the lowest rank")
+class SnapshotResetsInflight(ReferenceFrontendCore):
+    """Routing scores each engine by the coordinator's last counts plus the requests sent
+    since (every publication resets them) and breaks ties by lowest rank: a stale all-idle
+    snapshot mid-burst piles the rest of the burst onto the first engines."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.since_snapshot: dict[int, int] = {}
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        super().on_dp_stats(update)
+        self.since_snapshot = {}
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        rank = min(self.engines, key=lambda r: (
+            self.engines[r].reported + self.since_snapshot.get(r, 0), r))
+        self.since_snapshot[rank] = self.since_snapshot.get(rank, 0) + 1
+        return rank
+
+
+@mutant("pinned_not_counted", "pinned requests not counted as in flight")
+class PinnedNotCounted(ReferenceFrontendCore):
+    """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
+
+    def add_request(self, prompt: Sequence[int], max_tokens: int,
+                    **options: Any) -> tuple[StreamHandle, Send]:
+        handle, send = super().add_request(prompt, max_tokens, **options)
+        data_parallel_rank: int | None = options.get("data_parallel_rank")
+        if data_parallel_rank is not None:
+            self.engines[data_parallel_rank].inflight -= 1
+            self.__dict__.setdefault("pinned", set()).add(handle.request_id)
+        return handle, send
+
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, event, reason, error)
+        if state is not None and rid in self.__dict__.get("pinned", set()):
+            self.engines[state.rank].inflight += 1  # it was never counted
+
+
+@mutant("inflight_never_released", "in-flight count not released when a request ends")
+class InflightNeverReleased(ReferenceFrontendCore):
+    """The in-flight count is bumped on ADD but never released when a request ends."""
+
+    def _finish(self, rid: str, event: Event, reason: str | None,
+                error: str | None = None) -> None:
+        state = self.requests.get(rid)
+        super()._finish(rid, event, reason, error)
+        if state is not None:
+            self.engines[state.rank].inflight += 1
 
 
 @mutant("inflight_reset_when_one_ends", "an engine's in-flight count reset when one of "
@@ -598,6 +591,56 @@ class EngineAbortKeepsRoutingSlot(ReferenceFrontendCore):
             self.engines[state.rank].inflight += 1
 
 
+@mutant("hist_lb_fixed_tie_break", "load ties always go to the lowest rank (no "
+        "rotating scan start)", source=VLLM + "pull/47420", history=True)
+class FixedTieBreak(ReferenceFrontendCore):
+    """vLLM PR #47420 ("[Core][DP] Rotate load-balancer tie-break to avoid systematic engine
+    bias"): the least-loaded scan started at a fixed index with a strict `<`, so every tie
+    (equal load, e.g. an idle group between requests) went to the same engine."""
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None:
+            return super().route(data_parallel_rank)
+        would = super().route(None)  # the reference's choice (it also turns the rotation)
+        chosen = min(self.engines, key=lambda r: (self.load_score(r), r))
+        if chosen != would:
+            registry.fired("hist_lb_fixed_tie_break")
+        return chosen
+
+
+@mutant("hist_lb_first_engine_until_stats", "unpinned requests all go to the first "
+        "engine until the first load report arrives", source=VLLM + "pull/22910", history=True)
+class FirstEngineUntilStats(ReferenceFrontendCore):
+    """vLLM PR #22910 ("[BugFix] Fix initial DP request load imbalance"): DPLBAsyncMPClient
+    sent every unpinned request to the first rank until the first stats update arrived
+    from the DP coordinator, so a burst right after startup piled onto engine 0."""
+
+    stats_seen = False
+
+    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
+        self.stats_seen = True
+        super().on_load_report(rank, waiting, running)
+
+    def route(self, data_parallel_rank: int | None) -> int:
+        if data_parallel_rank is not None or self.stats_seen:
+            return super().route(data_parallel_rank)
+        would = super().route(None)
+        first = min(self.engines)
+        if would != first:
+            registry.fired("hist_lb_first_engine_until_stats")
+        return first
+
+# ---------------------------------------------------------------- reported load
+# Routing by the load the engines report (test_routing_reported.py).
+
+@mutant("reported_load_ignored", "engines' reported load ignored by routing")
+class ReportedLoadIgnored(ReferenceFrontendCore):
+    """Routing looks at this client's own in-flight count only."""
+
+    def load_score(self, rank: int) -> int:
+        return self.engines[rank].inflight
+
+
 @mutant("load_report_waiting_ignored", "waiting requests in load reports ignored")
 class LoadReportWaitingIgnored(ReferenceFrontendCore):
     """An engine's load is its running requests only: queued (waiting) ones are ignored."""
@@ -634,149 +677,106 @@ class LoadReportsOnlyRise(ReferenceFrontendCore):
             self.engines[rank].reported = max(before, self.engines[rank].reported)
 
 
-@mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
-        "(an undecodable frame or a lost connection is not named)")
-class DeathCauseNotRecorded(ReferenceFrontendCore):
-    """Every failure is recorded as the same generic death: an undecodable frame or a lost
-    connection reads like ENGINE_CORE_DEAD (the reason string is dropped)."""
+@mutant("coordinator_counts_ignored", "the coordinator's load counts are ignored "
+        "(scheduler_stats only)")
+class CoordinatorCountsIgnored(ReferenceFrontendCore):
+    """The coordinator's publications update the wave only; load comes from
+    scheduler_stats alone."""
 
-    def mark_dead(self, reason: str) -> None:
-        super().mark_dead("engine core died")
-
-
-class _LenientCoordinator(CoordinatorCore):
-    """Skips an engine message it cannot use, as the stats reader skips an undecodable
-    publication."""
-
-    def on_engine_output(self, frames: Sequence[bytes]) -> list[Effect]:
-        try:
-            return super().on_engine_output(frames)
-        except CoordinatorError:
-            return []
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        self.current_wave = update.current_wave
 
 
-@mutant("coordinator_path_misuse_ignored", "request outputs or utility replies on the "
-        "coordinator path are dropped; the client serves on")
-class CoordinatorPathMisuseIgnored(ReferenceFrontendCore):
-    """The frontend's DP coordinator drops request outputs / utility replies that a
-    miswired engine sends on the coordinator path, and the client serves on."""
+@mutant("first_publication_kept", "load counts from the first coordinator publication "
+        "only")
+class FirstPublicationKept(ReferenceFrontendCore):
+    """Load counts are taken from the first publication only (cached, never refreshed)."""
 
-    coordinator_class = _LenientCoordinator
+    _counts_seen = False
 
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if self._counts_seen and update.counts:
+            self.current_wave = update.current_wave
+            return
+        self._counts_seen = self._counts_seen or bool(update.counts)
+        super().on_dp_stats(update)
 
-@mutant("hist_lb_first_engine_until_stats", "unpinned requests all go to the first "
-        "engine until the first load report arrives", source=VLLM + "pull/22910", history=True)
-class FirstEngineUntilStats(ReferenceFrontendCore):
-    """vLLM PR #22910 ("[BugFix] Fix initial DP request load imbalance"): DPLBAsyncMPClient
-    sent every unpinned request to the first rank until the first stats update arrived
-    from the DP coordinator, so a burst right after startup piled onto engine 0."""
+# ---------------------------------------------------------------- waves
+# The wave on ADDs, and DP control on the main output path (test_waves.py).
 
-    stats_seen = False
+@mutant("wave_never_stamped", "ADDs always carry current_wave 0")
+class WaveNeverStamped(ReferenceFrontendCore):
+    """Coordinator publications are read for load only; ADDs always carry wave 0."""
 
-    def on_load_report(self, rank: int, waiting: int, running: int) -> None:
-        self.stats_seen = True
-        super().on_load_report(rank, waiting, running)
-
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None or self.stats_seen:
-            return super().route(data_parallel_rank)
-        would = super().route(None)
-        first = min(self.engines)
-        if would != first:
-            registry.fired("hist_lb_first_engine_until_stats")
-        return first
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        pass
 
 
-@mutant("hist_lb_fixed_tie_break", "load ties always go to the lowest rank (no "
-        "rotating scan start)", source=VLLM + "pull/47420", history=True)
-class FixedTieBreak(ReferenceFrontendCore):
-    """vLLM PR #47420 ("[Core][DP] Rotate load-balancer tie-break to avoid systematic engine
-    bias"): the least-loaded scan started at a fixed index with a strict `<`, so every tie
-    (equal load, e.g. an idle group between requests) went to the same engine."""
+@mutant("wave_first_only", "the first published wave is cached forever")
+class WaveFirstOnly(ReferenceFrontendCore):
+    """The first published wave is cached and never updated."""
 
-    def route(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None:
-            return super().route(data_parallel_rank)
-        would = super().route(None)  # the reference's choice (it also turns the rotation)
-        chosen = min(self.engines, key=lambda r: (self.load_score(r), r))
-        if chosen != would:
-            registry.fired("hist_lb_fixed_tie_break")
-        return chosen
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if not self.__dict__.get("wave_seen"):
+            self.__dict__["wave_seen"] = True
+            super().on_dp_stats(update)
 
 
-@mutant("hist_rank_checked_against_count", "a pinned rank is checked against the engine "
-        "count and addressed as a global index", source=VLLM + "pull/51178", history=True)
-class RankCheckedAgainstCount(ReferenceFrontendCore):
-    """vLLM PR #51178 ("[Rust Frontend][gRPC] Add explicit data-parallel rank routing";
-    InvalidDataParallelRank "rank {rank} is out of range for {num_engines} engine(s)" became
-    "not connected to this frontend; connected ranks", reviewed as "something missed when
-    adding hybrid/external DPLB"): a pinned rank is checked against the engine count and
-    sent to EngineId::from_engine_index(rank). With engines [2, 3] (start index 2) a pin to
-    rank 2 is refused and a pin to rank 0 goes to an identity no engine has."""
+@mutant("wave_only_while_running", "the wave moves only while engines run")
+class WaveFromWaveCompleteOnly(ReferenceFrontendCore):
+    """Only a coordinator publication with engines running moves the wave."""
 
-    def register_request(self, prompt: Sequence[int], max_tokens: int, *,
-                         data_parallel_rank: int | None = None,
-                         stop: Sequence[str] | None = None, request_id: str | None = None,
-                         params: Mapping[str, Any] | None = None, resumable: bool = False,
-                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
-        rank = data_parallel_rank
-        options: dict[str, Any] = {"stop": stop, "request_id": request_id,
-                                   "params": params, "resumable": resumable,
-                                   "sampling": sampling}
-        if rank is None or (rank in self.engines and rank < len(self.engines)):
-            return super().register_request(prompt, max_tokens,
-                                             data_parallel_rank=rank, **options)
-        if not 0 <= rank < len(self.engines):
-            if rank in self.engines:
-                registry.fired("hist_rank_checked_against_count")  # a connected engine refused
-            raise FrontendError(f"data parallel rank {rank} is out of range for "
-                                f"{len(self.engines)} engine(s)")
-        registry.fired("hist_rank_checked_against_count")  # in range, but not an engine of ours
-        self._check_alive()
-        handle, (_identity, frames) = super().register_request(
-            prompt, max_tokens, data_parallel_rank=None, **options)
-        decoded = self.codec.decode_engine_input(frames)
-        assert isinstance(decoded, AddRequest)
-        request = msgspec.structs.replace(decoded.request, data_parallel_rank=rank)
-        return handle, (engine_identity(rank), self.codec.encode_add(request))
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if update.engines_running:
+            super().on_dp_stats(update)
 
 
-def _start_wave_rewinds() -> tuple[Transition, ...]:
-    """The reference's transitions with START_WAVE applied whenever the engines are paused,
-    whatever its wave (a stale one too)."""
-    out = []
-    for t in TRANSITIONS:
-        if t.signal is Signal.START_WAVE:
-            t = Transition(t.signal,
-                           lambda s, w: w > s.current_wave or not s.engines_running,
-                           lambda s, w: WaveState(w, True), True,
-                           "start_wave(w) applied whenever paused (a stale w rewinds)")
-        out.append(t)
-    return tuple(out)
+@mutant("nil_counts_skipped", "a wave-only coordinator publication (counts nil) skipped")
+class NilCountsSkipped(ReferenceFrontendCore):
+    """A coordinator publication without counts (the wave-only update a 0.33.0 coordinator
+    sends on every wave change) is skipped as malformed: its wave never reaches an ADD
+    (a port whose stats struct has a non-optional counts list)."""
+
+    def on_dp_stats(self, update: m.DPStatsUpdate) -> None:
+        if update.counts is None:
+            return
+        super().on_dp_stats(update)
 
 
-class _RewindingCoordinator(CoordinatorCore):
-    transitions = _start_wave_rewinds()
+@mutant("legacy_wakeup_sent", "a FIRST_REQ wake-up sent to the DP coordinator with "
+        "each request")
+class LegacyWakeupFrontend(ReferenceFrontend):
+    """What clients before the engines woke each other did: every request also goes to the
+    DP coordinator as `("FIRST_REQ", rank)` (a 0.33.0 coordinator logs it as unexpected)."""
 
-    def apply(self, signal: Signal, wave: int, sender: int) -> list[Effect]:
-        if (signal is Signal.START_WAVE and wave < self.state.current_wave
-                and not self.state.engines_running):
-            registry.fired("hist_stale_start_wave_rewinds")
-        return super().apply(signal, wave, sender)
+    async def generate(self, prompt: Sequence[int], max_tokens: int, **options: Any
+                       ) -> StreamHandle:
+        handle = await super().generate(prompt, max_tokens, **options)
+        state = self.core.requests.get(handle.request_id or "")
+        if self._stats is not None and state is not None:
+            await self._stats.send(msgpack.encode(("FIRST_REQ", state.rank)))
+        return handle
 
 
-@mutant("hist_stale_start_wave_rewinds", "a stale start_wave while paused rewinds the "
-        "coordinator's wave", source=VLLM + "pull/46833", history=True)
-class StaleStartWaveRewinds(ReferenceFrontendCore):
-    """vLLM PR #46833 ("[Rust Frontend] Start current wave for a stale DP FirstRequest"):
-    the in-process DP coordinator applied a stale start request for wave W unconditionally
-    after WaveComplete(W) had moved current_wave to W + 1, "rewinding current_wave back to
-    W and broadcasting a superseded wave". Here the frontend-owned coordinator takes an
-    engine's stale start_wave(W) while paused: current_wave rewinds to W, START_DP_WAVE(W)
-    is published and later ADDs carry W."""
+@mutant("dp_control_ignored", "DP control on the main output path ignored")
+class DpControlIgnored(ReferenceFrontendCore):
+    """wave_complete / start_wave on the main output path are silently dropped."""
 
-    coordinator_class = _RewindingCoordinator
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        pass
 
+
+@mutant("dp_control_unexplained", "DP control on the main output path fails the client "
+        "with no cause")
+class DpControlUnexplained(ReferenceFrontendCore):
+    """DP control on the main output path fails the client closed without saying why."""
+
+    def on_dp_control(self, message: m.EngineCoreOutputs) -> None:
+        self.mark_dead("engine failure")
+
+# ---------------------------------------------------------------- the client
+# One client over every engine: each engine's outputs, death with a reason
+# (test_client.py).
 
 @mutant("first_engine_outputs_only", "outputs of engines other than the first ignored")
 class FirstEngineOutputsOnly(ReferenceFrontendCore):
@@ -792,6 +792,29 @@ class FirstEngineOutputsOnly(ReferenceFrontendCore):
             return []
         return super().on_output(frames)
 
+
+@mutant("death_error_text_dropped", "engine death ends streams with no error text")
+class DeathErrorTextDropped(ReferenceFrontendCore):
+    """Engine death ends the open streams with a bare "error" finish: the why is lost."""
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead is None:
+            for rid in list(self.requests):
+                self._finish(rid, Event.ENGINE_DEAD, "error")
+        super().mark_dead(reason)
+
+
+@mutant("death_cause_not_recorded", "every failure recorded as a generic engine death "
+        "(an undecodable frame or a lost connection is not named)")
+class DeathCauseNotRecorded(ReferenceFrontendCore):
+    """Every failure is recorded as the same generic death: an undecodable frame or a lost
+    connection reads like ENGINE_CORE_DEAD (the reason string is dropped)."""
+
+    def mark_dead(self, reason: str) -> None:
+        super().mark_dead("engine core died")
+
+# ---------------------------------------------------------------- utilities
+# Utility calls aggregated over the engines (test_utilities.py).
 
 @mutant("sleeping_first_engine", "is_sleeping taken from the first engine only")
 class SleepingFirstEngine(ReferenceFrontendCore):

@@ -1,8 +1,9 @@
-"""DP aggregation of utilities and request routing (seed PR #43429, core_client.py DPLB).
+"""DP aggregation of utilities (seed PR #43429, core_client.py DPLB).
 
 is_sleeping must agree across engines (consensus), reset_prefix_cache is the AND of every
-engine's answer, utility calls fan out to each engine exactly once, and an explicit
-data_parallel_rank is honoured.
+engine's answer, and utility calls fan out to each engine exactly once; a failure from one
+engine fails the aggregated call, and a reply nobody asked for or a reply that never comes
+must not hang or kill the client.
 """
 
 from __future__ import annotations
@@ -10,19 +11,25 @@ from __future__ import annotations
 import asyncio
 import time
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
-from harness.cases.grounds import both, defect, differ, engine, py, recommendation, rs
-from harness.cases.helpers import UTILITY_GIVE_UP_S, hold, prompt, requests_for
-from harness.frontends.api import Capability, FrontendError
-from harness.results.records import Level
-from mock_engines.script import EngineScript, UtilityReply, any_request
-
-CC = "vllm/v1/engine/core_client.py"
-RC = "rust/src/engine-core-client/src/client.rs"
-RT = "rust/src/engine-core-client/src/tests/client.rs"
-RS = "rust/src/engine-core-client/src/client/state.rs"
-CORE = "vllm/v1/engine/core.py"
+from conformance.dp.helpers import CC, CORE, RC, RT
+from harness.cases.authoring import (
+    UTILITY_GIVE_UP_S,
+    Capability,
+    CaseContext,
+    EngineScript,
+    FrontendError,
+    Level,
+    UtilityReply,
+    both,
+    case,
+    defect,
+    differ,
+    engine,
+    messages,
+    py,
+    recommendation,
+    rs,
+)
 
 # is_sleeping asks every engine and returns the shared answer.
 SLEEP_AGREE = both(
@@ -64,6 +71,8 @@ def _answers(method: str, *values: object) -> list[EngineScript]:
     return [EngineScript(utilities={method: UtilityReply(v)}) for v in values]
 
 
+# ----------------------------------------------------------------- is_sleeping: consensus
+
 async def _is_sleeping_value(ctx: CaseContext, *values: bool) -> None:
     await ctx.start(_answers("is_sleeping", *values))
     result = await ctx.driver.is_sleeping()
@@ -97,9 +106,8 @@ async def _expect_disagreement(ctx: CaseContext, values: tuple[bool, bool]) -> s
         result = await ctx.driver.is_sleeping()
     except FrontendError as exc:
         return str(exc)
-    ctx.require(False, expected=f"an error: engines disagree {list(values)}",
-                observed=f"is_sleeping returned {result}")
-    return ""
+    ctx.fail(expected=f"an error: engines disagree {list(values)}",
+             observed=f"is_sleeping returned {result}")
 
 
 @case("dp.is_sleeping.disagree", Level.MUST,
@@ -125,6 +133,8 @@ async def sleeping_names_values(ctx: CaseContext) -> None:
     ctx.require("true" in text and "false" in text,
                 expected="error text naming both true and false", observed=message)
 
+
+# ----------------------------------------------------------------- reset_prefix_cache: AND
 
 async def _reset_value(ctx: CaseContext, values: tuple[bool, ...], want: bool) -> None:
     await ctx.start(_answers("reset_prefix_cache", *values))
@@ -160,6 +170,8 @@ async def reset_first_false(ctx: CaseContext) -> None:
 async def reset_all_false(ctx: CaseContext) -> None:
     await _reset_value(ctx, (False, False), False)
 
+
+# ----------------------------------------------------------------- fan-out and failures
 
 @case("dp.utility.fan_out_once", Level.MUST,
       "A utility call reaches every engine exactly once, each with its own call id, "
@@ -209,8 +221,8 @@ async def failure_surfaces(ctx: CaseContext) -> None:
     except FrontendError as exc:
         ctx.note(f"error: {exc}")
         return
-    ctx.require(False, expected="an error from engine 1's failure_message",
-                observed=f"is_sleeping returned {result}")
+    ctx.fail(expected="an error from engine 1's failure_message",
+             observed=f"is_sleeping returned {result}")
 
 
 @case("dp.utility.failure_waits_for_all", Level.SHOULD,
@@ -234,7 +246,7 @@ async def failure_waits_for_all(ctx: CaseContext) -> None:
     except FrontendError:
         pass
     else:
-        ctx.require(False, expected="an error", observed="success")
+        ctx.fail(expected="an error", observed="success")
     elapsed = time.monotonic() - began
     ids = {r.message.call_id for r in group.transcript.utility_calls("reset_prefix_cache", 1)}
     replies = [r for r in group.transcript.select(rank=1, direction="out", channel="output")
@@ -266,9 +278,9 @@ async def never_answered(ctx: CaseContext) -> None:
     except FrontendError as exc:
         ctx.note(f"failed: {exc}")
     except asyncio.TimeoutError:
-        ctx.require(False, expected=f"an error or a value within {UTILITY_GIVE_UP_S:g} s",
-                    observed=f"the call was still pending after {UTILITY_GIVE_UP_S:g} s "
-                             "(no bound)")
+        ctx.fail(expected=f"an error or a value within {UTILITY_GIVE_UP_S:g} s",
+                 observed=f"the call was still pending after {UTILITY_GIVE_UP_S:g} s "
+                          "(no bound)")
 
 
 @case("dp.utility.unsolicited_reply_ignored", Level.SHOULD,
@@ -285,62 +297,15 @@ async def never_answered(ctx: CaseContext) -> None:
                "(crash); rust drops the reply with a warning (imp.rs:259, 521)"),
       needs=SLEEP)
 async def unsolicited_reply(ctx: CaseContext) -> None:
-    from harness.protocol.wire import messages as m
-
     group = await ctx.start(1)
-    stray = m.EngineCoreOutputs(0, [], None, 1.0, m.UtilityOutput(
-        987654321, None, m.UtilityResult(None, True)))
+    stray = messages.EngineCoreOutputs(0, [], None, 1.0, messages.UtilityOutput(
+        987654321, None, messages.UtilityResult(None, True)))
     group[0].send_garbage(group.codec.encode_outputs(stray))
     await ctx.quiet(0.2)
     try:
         result = await asyncio.wait_for(ctx.driver.is_sleeping(), ctx.t(3.0))
     except asyncio.TimeoutError:  # a hang is this rule's failure, graded by its level
-        ctx.require(False, expected="is_sleeping still answers false",
-                    observed="is_sleeping still pending after 3 s")
-        return
+        ctx.fail(expected="is_sleeping still answers false",
+                 observed="is_sleeping still pending after 3 s")
     ctx.require(result is False, expected="is_sleeping still answers false",
                 observed=result)
-
-
-@case("dp.routing.explicit_rank", Level.MUST,
-      "A request with data_parallel_rank r is sent to engine r only.",
-      grounds=both(
-          py(f"{CC}:1763", "if (eng_index := request.data_parallel_rank) is None and ("),
-          py(f"{CC}:1808", "chosen_engine = self.core_engines[eng_index]"),
-          rs(f"{RS}:202", "if let Some(rank) = data_parallel_rank {"),
-          rs(f"{RS}:203", "u16::try_from(rank).ok().map(EngineId::from_engine_index)"),
-          rs(f"{RS}:1176", "fn register_with_data_parallel_rank_routes_to_specified_engine() {"),
-      ),
-      needs=[Capability.GENERATE, Capability.DP_RANK])
-async def explicit_rank(ctx: CaseContext) -> None:
-    group = await ctx.start(3)
-    for rank in (2, 0, 1, 2):
-        p = prompt(10 + len(group.transcript.adds()))
-        handle = await ctx.driver.generate(p, 2, data_parallel_rank=rank)
-        await handle.wait(ctx.t(3))
-        owner = requests_for(group, [p])
-        ctx.require(owner is not None and list(owner.values()) == [rank],
-                    expected=f"the ADD for data_parallel_rank={rank} at engine {rank}",
-                    observed=owner)
-
-
-@case("dp.routing.spread", Level.MUST,
-      "Without an explicit rank, concurrent requests are spread over the engines.",
-      grounds=both(
-          py(f"{CC}:1786", "score: float = max(self.client_count * inflight, waiting + running)"),
-          py(f"{CC}:1811", "self.engine_inflight[chosen_engine] += 1"),
-          rs(f"{RS}:92", "self.inflight.max(stats.running + stats.waiting"),
-          rs(f"{RS}:97", "self.inflight += 1;"),
-          rs(f"{RS}:219", ".min_by_key(|(_, state)| state.routing_score())"),
-      ), needs=[Capability.GENERATE])
-async def routing_spread(ctx: CaseContext) -> None:
-    group = await ctx.start([EngineScript(rules=[any_request(hold())]) for _ in range(2)])
-    prompts = [prompt(i) for i in range(6)]
-    handles = [await ctx.driver.generate(p, 50) for p in prompts]
-    for h in handles:
-        await h.wait_first(ctx.t(3))
-    owners = requests_for(group, prompts) or {}
-    per_engine = [list(owners.values()).count(r) for r in (0, 1)]
-    ctx.note(f"requests per engine: {per_engine}")
-    ctx.require(min(per_engine) >= 2, expected="each engine gets at least 2 of 6",
-                observed=per_engine)

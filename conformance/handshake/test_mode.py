@@ -15,22 +15,33 @@ report UNSUPPORTED.
 from __future__ import annotations
 
 import re
-import time
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
-from harness.cases.grounds import both, differ, engine, py, recommendation, rs
-from harness.cases.helpers import prompt, request_for
-from harness.frontends.api import Capability, StartupError, StartupHang
-from harness.protocol.wire import messages as m
-from harness.results.records import Level
-from mock_engines.group import EngineGroup
-from mock_engines.script import EngineScript
-
-UT = "vllm/v1/engine/utils.py"
-TR = "rust/src/engine-core-client/src/transport.rs"
-CORE = "vllm/v1/engine/core.py"
-TESTS = "rust/src/engine-core-client/src/tests/client.rs"
+from conformance.handshake.helpers import (
+    CORE,
+    TESTS,
+    TR,
+    UT,
+    handshake_refused,
+    require_pinned_served,
+)
+from harness.cases.authoring import (
+    Capability,
+    CaseContext,
+    EngineGroup,
+    EngineScript,
+    Level,
+    StartupError,
+    StartupHang,
+    both,
+    case,
+    differ,
+    engine,
+    messages,
+    prompt,
+    py,
+    recommendation,
+    rs,
+)
 
 HELLO_INIT_READY = both(
     py(f"{UT}:1517", 'if status == "HELLO" and engine.state == CoreEngineState.NEW:'),
@@ -99,44 +110,31 @@ UNEXPECTED_IDENTITY = differ(
 )
 
 
-def _inits(group: EngineGroup, rank: int) -> list[m.EngineHandshakeMetadata]:
+def _inits(group: EngineGroup, rank: int) -> list[messages.EngineHandshakeMetadata]:
     return [r.message for r in group.transcript.select(rank=rank, direction="in",
                                                        channel="handshake")
-            if isinstance(r.message, m.EngineHandshakeMetadata)]
+            if isinstance(r.message, messages.EngineHandshakeMetadata)]
 
 
-for _n in (1, 2, 3, 4):
-    def _make_init(n: int = _n) -> None:
-        @case(f"handshake.mode.hello_init_ready_{n}_engines", Level.MUST,
-              f"With {n} engine(s) doing HELLO / INIT / READY, each gets exactly one INIT "
-              "whose input and output addresses are the same for all and reach the "
-              "frontend: every engine then serves the requests pinned to it.",
-              grounds=HELLO_INIT_READY,
-              needs=[Capability.GENERATE, Capability.DP_RANK])
-        async def hello_init_ready(ctx: CaseContext) -> None:
-            group = await ctx.start(n, handshake=True)
-            inits = {r: _inits(group, r) for r in range(n)}
-            ctx.require(all(len(v) == 1 for v in inits.values()),
-                        expected="one INIT per engine",
-                        observed={r: len(v) for r, v in inits.items()})
-            addresses = {(tuple(v[0].addresses.inputs), tuple(v[0].addresses.outputs))
-                         for v in inits.values()}
-            ctx.require(len(addresses) == 1 and all(a and b for a, b in addresses),
-                        expected="the same non-empty input/output addresses in every INIT",
-                        observed=sorted(addresses))
-            for rank in reversed(range(n)):
-                p = prompt(rank)
-                handle = await ctx.driver.generate(p, 2, data_parallel_rank=rank)
-                await handle.wait(ctx.t(3))
-                found = request_for(group, p)
-                ctx.require(found is not None and found[0] == rank and
-                            handle.finish_reason == "length",
-                            expected=f"engine {rank} serves its pinned request",
-                            observed=f"engine {found[0] if found else None}, "
-                                     f"{handle.finish_reason} error={handle.error}")
-
-        globals()[f"hello_init_ready_{n}"] = hello_init_ready
-    _make_init()
+@case("handshake.mode.hello_init_ready_{n}_engines", Level.MUST,
+      "With {n} engine(s) doing HELLO / INIT / READY, each gets exactly one INIT whose input "
+      "and output addresses are the same for all and reach the frontend: every engine then "
+      "serves the requests pinned to it.",
+      grounds=HELLO_INIT_READY, needs=[Capability.GENERATE, Capability.DP_RANK],
+      params=[{"n": n} for n in (1, 2, 3, 4)])
+async def hello_init_ready(ctx: CaseContext, n: int) -> None:
+    group = await ctx.start(n, handshake=True)
+    inits = {r: _inits(group, r) for r in range(n)}
+    ctx.require(all(len(v) == 1 for v in inits.values()), expected="one INIT per engine",
+                observed={r: len(v) for r, v in inits.items()})
+    addresses = {(tuple(v[0].addresses.inputs), tuple(v[0].addresses.outputs))
+                 for v in inits.values()}
+    ctx.require(len(addresses) == 1 and all(a and b for a, b in addresses),
+                expected="the same non-empty input/output addresses in every INIT",
+                observed=sorted(addresses))
+    for rank in reversed(range(n)):
+        await require_pinned_served(ctx, group, rank, prompt(rank),
+                                    f"engine {rank} serves its pinned request")
 
 
 @case("handshake.mode.single_engine_init_names_no_coordinator", Level.MUST,
@@ -162,35 +160,22 @@ async def single_engine_init_names_no_coordinator(ctx: CaseContext) -> None:
                 observed=f"coordinator_input {named[0]!r}, coordinator_output {named[1]!r}")
 
 
-async def _startup_refused(ctx: CaseContext, scripts: list[EngineScript],
-                           timeout: float) -> str:
-    began = time.monotonic()
-    try:
-        await ctx.start(scripts, handshake=True, startup_timeout=timeout)
-    except StartupError as exc:
-        ctx.note(f"startup error after {time.monotonic() - began:.2f}s: {exc}")
-        return str(exc)
-    except StartupHang as exc:  # still waiting past the bound: the driver aborted it
-        ctx.require(False, expected=f"startup fails within the {ctx.t(timeout):.1f}s bound",
-                    observed=str(exc))
-    ctx.require(False, expected="startup fails", observed="the frontend started and serves")
-    return ""
-
+# ------------------------------------------------------------------ a stage never completes
 
 @case("handshake.mode.missing_ready_fails", Level.SHOULD,
       "An engine that sends HELLO and registers but never sends READY should make startup "
       "fail within the bound; the frontend does not serve without it.",
       grounds=MISSING_READY_BOUNDED, timeout=20)
 async def missing_ready(ctx: CaseContext) -> None:
-    await _startup_refused(ctx, [EngineScript(), EngineScript(handshake_ready=False)], 1.5)
+    await handshake_refused(ctx, [EngineScript(), EngineScript(handshake_ready=False)], 1.5)
 
 
 @case("handshake.mode.missing_ready_named", Level.SHOULD,
       "The startup error for a missing READY should name the engine (1) and the stage.",
       grounds=MISSING_READY_NAMED, timeout=20)
 async def missing_ready_named(ctx: CaseContext) -> None:
-    text = await _startup_refused(ctx, [EngineScript(), EngineScript(handshake_ready=False)],
-                                  1.5)
+    text = await handshake_refused(ctx, [EngineScript(), EngineScript(handshake_ready=False)],
+                                   1.5)
     named = re.search(r"(engine|rank|dp)\D{0,20}\b1\b", text, re.I) or "0100" in text
     ctx.require(bool(named) and "READY" in text.upper(),
                 expected="an error naming engine 1 and the READY stage", observed=text)
@@ -200,7 +185,7 @@ async def missing_ready_named(ctx: CaseContext) -> None:
       "An engine that never connects (no HELLO) should make startup fail within the bound.",
       grounds=NEVER_HELLO_BOUNDED, timeout=20)
 async def never_hello(ctx: CaseContext) -> None:
-    await _startup_refused(ctx, [EngineScript(), EngineScript(hello=False)], 1.5)
+    await handshake_refused(ctx, [EngineScript(), EngineScript(hello=False)], 1.5)
 
 
 @case("handshake.mode.unexpected_identity_refused", Level.SHOULD,
@@ -208,4 +193,4 @@ async def never_hello(ctx: CaseContext) -> None:
       "should be refused: startup fails instead of serving.",
       grounds=UNEXPECTED_IDENTITY, timeout=20)
 async def unexpected_identity(ctx: CaseContext) -> None:
-    await _startup_refused(ctx, [EngineScript(), EngineScript(register_as=5)], 4)
+    await handshake_refused(ctx, [EngineScript(), EngineScript(register_as=5)], 4)

@@ -17,50 +17,52 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
-from harness.cases.grounds import both, differ, engine, py, rs
-from harness.cases.helpers import same_value
-from harness.frontends.api import Capability
-from harness.results.records import Level
-from mock_engines.script import EngineScript, UtilityReply
+from conformance.utility.helpers import CALL, CC, ECC, ENGINE_ZERO, RS_FLATTEN
+from harness.cases.authoring import (
+    CaseContext,
+    EngineScript,
+    Level,
+    UtilityReply,
+    both,
+    case,
+    differ,
+    engine,
+    py,
+    rs,
+    same_value,
+)
 
-_CC = "vllm/v1/engine/core_client.py"
-_ECC = "rust/src/engine-core-client/src"
-_CLIENT = f"{_ECC}/client.rs"
-_FIRST = py(f"{_CC}:1816", "return (await self.call_utility_all_async(method, *args))[0]")
-_RS_FLATTEN = rs(f"{_CLIENT}:810", "rmpv::Value::Array(results) => results,")
 # Without insecure serialization the result travels as [nil, value] and is handed over as is.
 RESULT = both(
     py("vllm/v1/serial_utils.py:368", "if result_type is not None:"),
-    py(f"{_CC}:944", "future.set_result(output.result.result)"),
-    py(f"{_CC}:1442", '"collective_rpc", method, timeout, args, kwargs'),
+    py(f"{CC}:944", "future.set_result(output.result.result)"),
+    py(f"{CC}:1442", '"collective_rpc", method, timeout, args, kwargs'),
     py("tests/v1/engine/test_engine_core_client.py:1102",
        "async def test_engine_core_client_util_method_nested_structures("),
-    rs(f"{_ECC}/protocol/utility.rs:252",
+    rs(f"{ECC}/protocol/utility.rs:252",
        "let result = self.result.map(|e| e.result).unwrap_or(Value::Nil);"),
-    _RS_FLATTEN,
+    RS_FLATTEN,
     rs("rust/src/server/src/routes/collective_rpc.rs:53",
        "Ok(Json(CollectiveRpcResponse { results }))"),
     engine("vllm/v1/serial_utils.py:214", "return None, result"),
 )
 RPC_FLATTEN = differ(
-    _FIRST,
-    _RS_FLATTEN,
-    rs(f"{_ECC}/tests/client.rs:2418",
+    ENGINE_ZERO,
+    RS_FLATTEN,
+    rs(f"{ECC}/tests/client.rs:2418",
        "async fn collective_rpc_flattens_results_from_all_engines()"),
     note="rust flattens every engine's worker list in engine order (client.rs:810); python's "
          "DPLB client returns engine 0's list only (core_client.py:1816)",
 )
 CHECKSUMS = both(
-    py(f"{_CC}:1446",
+    py(f"{CC}:1446",
        'per_engine = await self.call_utility_all_async("compute_weight_checksums")'),
-    py(f"{_CC}:1447", "return [worker for workers in per_engine for worker in workers]"),
+    py(f"{CC}:1447", "return [worker for workers in per_engine for worker in workers]"),
     py("tests/v1/engine/test_engine_core_client.py:229",
        "def test_dplb_weight_checksums_gather_every_engine():"),
     rs("rust/src/server/src/routes/weight_checker.rs:79",
        '.collective_rpc("compute_weight_checksums", None, args, kwargs)'),
-    _RS_FLATTEN,
+    RS_FLATTEN,
     engine("vllm/v1/engine/core.py:1085",
            "def compute_weight_checksums(self) -> list[dict[str, str]]:"),
     note="rust gathers every engine's workers too, through collective_rpc('compute_weight_"
@@ -68,7 +70,6 @@ CHECKSUMS = both(
          "(weight_checker.rs:79); only python sends the compute_weight_checksums utility "
          "this case observes",
 )
-CALL = [Capability.CALL_UTILITY]
 RPC_ARGS: list[Any] = ["echo", None, [1], {}]  # collective_rpc(method, timeout, args, kwargs)
 
 # One engine's collective_rpc answer: a list with one result per worker. Nested shapes a
@@ -118,30 +119,36 @@ def _require_same(ctx: CaseContext, seen: Any, expected: Any, what: str) -> None
                 observed="unchanged" if ok else _first_difference(seen, expected))
 
 
-# One engine's worker list, passed through unchanged: (case, requirement, the list, what).
-ONE_ENGINE: tuple[tuple[str, str, list[Any], str], ...] = (
-    ("nested_values", "A collective_rpc answer holding nested values (null alone, empty list "
-     "and map, lists in maps in lists, nulls inside them) reaches the caller unchanged "
-     "(1 engine).", NESTED, "the engine's worker list as it was sent"),
-    ("scalar_types", "A collective_rpc answer's scalars keep their type and value: booleans "
-     "stay booleans, 1.0 stays a float, integers up to the 64-bit ends (and 2**53 + 1) stay "
-     "exact, non-ASCII and NUL survive in strings (1 engine).", SCALARS,
-     "the engine's worker list as it was sent"),
-    ("null_workers_kept", "When every worker of the one engine returns null, collective_rpc "
-     "answers a list of those nulls ([null, null]), not an empty list and not null.",
-     [None, None], "one null per worker"),
-)
+# ---------------------------------------------------------------- one engine's list
 
-for _name, _requirement, _workers, _what in ONE_ENGINE:
-    def _make_one_engine(name: str = _name, requirement: str = _requirement,
-                         workers: list[Any] = _workers, what: str = _what) -> None:
-        @case(f"utility.result.{name}", Level.MUST, requirement, grounds=RESULT, needs=CALL)
-        async def unchanged(ctx: CaseContext) -> None:
-            _require_same(ctx, await _rpc_result(ctx, [workers]), workers, what)
+@case("utility.result.nested_values", Level.MUST,
+      "A collective_rpc answer holding nested values (null alone, empty list "
+      "and map, lists in maps in lists, nulls inside them) reaches the caller unchanged "
+      "(1 engine).", grounds=RESULT, needs=CALL)
+async def nested_values(ctx: CaseContext) -> None:
+    _require_same(ctx, await _rpc_result(ctx, [NESTED]), NESTED,
+                  "the engine's worker list as it was sent")
 
-        globals()[f"one_engine_{name}"] = unchanged
-    _make_one_engine()
 
+@case("utility.result.scalar_types", Level.MUST,
+      "A collective_rpc answer's scalars keep their type and value: booleans "
+      "stay booleans, 1.0 stays a float, integers up to the 64-bit ends (and 2**53 + 1) stay "
+      "exact, non-ASCII and NUL survive in strings (1 engine).", grounds=RESULT, needs=CALL)
+async def scalar_types(ctx: CaseContext) -> None:
+    _require_same(ctx, await _rpc_result(ctx, [SCALARS]), SCALARS,
+                  "the engine's worker list as it was sent")
+
+
+@case("utility.result.null_workers_kept", Level.MUST,
+      "When every worker of the one engine returns null, collective_rpc "
+      "answers a list of those nulls ([null, null]), not an empty list and not null.",
+      grounds=RESULT, needs=CALL)
+async def null_workers_kept(ctx: CaseContext) -> None:
+    _require_same(ctx, await _rpc_result(ctx, [[None, None]]), [None, None],
+                  "one null per worker")
+
+
+# ---------------------------------------------------------------- every engine's part
 
 @case("utility.result.nested_per_engine_flattened", Level.SHOULD,
       "collective_rpc over 2 engines whose workers answer nested values returns every "
