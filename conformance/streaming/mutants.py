@@ -1,7 +1,13 @@
 """The streaming area's mutants: reference frontends that each break one streaming rule.
 
-Each registers itself (harness/mutation/registry.py); the kill matrix and
-`--frontend mutant:NAME` find it there.
+Each is the reference frontend's core (harness/frontends/reference/core.py) with one method
+overridden, and registers itself (harness/mutation/registry.py); the kill matrix and
+`--frontend mutant:NAME` find it there. The rules they break are those of this folder's
+cases: outputs and their routing, finish reasons, stop strings, the ADD's fields and input
+tensors, request limits, streaming-input sessions, and the extras of output messages.
+The `hist_*` mutants (history=True) replay bugs vLLM once shipped, each citing its PR or
+issue (docs/mutation-history.md). `AddRewritten`, the base of the mutants that change one
+field of the ADD, is shared with the abort and dp areas' mutants.
 """
 
 from __future__ import annotations

@@ -15,21 +15,27 @@ were measured against the suite without them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
-from harness.cases.grounds import both, py, rs
-from harness.cases.helpers import prompt, request_for
-from harness.frontends.api import Capability, FrontendError, Sampling, StreamHandle
-from harness.results.records import Level
-from mock_engines.script import (
+from harness.cases.authoring import (
     DEFAULT_MAX_MODEL_LEN,
+    Capability,
+    CaseContext,
     Emit,
     EngineScript,
+    FrontendError,
+    Level,
+    Sampling,
     Step,
+    StreamHandle,
+    both,
     by_prompt,
+    case,
     default_ready,
+    prompt,
+    py,
+    request_for,
+    rs,
     stream,
 )
 
@@ -248,56 +254,46 @@ async def refused_empty_prompt(ctx: CaseContext) -> None:
     await _require_served(ctx, [11], 3, "a one-token prompt")
 
 
-def _over_context_case(engines: int) -> Callable[[CaseContext], Awaitable[None]]:
+def _context_limit(engines: int) -> dict[str, object]:
+    """A params entry: the engines' max_model_len values, their minimum, how it is said."""
     lens = [DEFAULT_MAX_MODEL_LEN] if engines == 1 else [DEFAULT_MAX_MODEL_LEN, 64]
     limit = min(lens)
     what = (f"max_model_len {limit}" if engines == 1 else
             f"max_model_len {limit}, the minimum of the ready responses {lens}")
-
-    @case(f"streaming.refused.prompt_over_max_model_len_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s) ({what}): a prompt of {limit + 1} tokens is refused "
-          f"at submission, no ADD reaches any engine; one of {limit - 8} tokens with "
-          "max_tokens 3 is served.",
-          grounds=PROMPT_OVER_CONTEXT_REFUSED, needs=REFUSAL_NEEDS)
-    async def check(ctx: CaseContext) -> None:
-        fits = [11, *([12] * (limit - 9))]
-        over = [11, *([13] * limit)]
-        await ctx.start(_served_scripts(engines, fits, over, max_model_len=lens))
-        await _require_refused(ctx, engines, over, 3,
-                               f"a prompt of {len(over)} tokens over {what}")
-        await _require_served(ctx, fits, 3, f"a prompt of {len(fits)} tokens")
-
-    check.__name__ = check.__qualname__ = f"refused_prompt_over_max_model_len_{engines}"
-    return check
+    return {"engines": engines, "lens": lens, "limit": limit, "what": what,
+            "over_len": limit + 1, "fits_len": limit - 8, "fits_full_len": limit - 1}
 
 
-def _fills_context_case(engines: int) -> Callable[[CaseContext], Awaitable[None]]:
-    lens = [DEFAULT_MAX_MODEL_LEN] if engines == 1 else [DEFAULT_MAX_MODEL_LEN, 64]
-    limit = min(lens)
-    what = (f"max_model_len {limit}" if engines == 1 else
-            f"max_model_len {limit}, the minimum of the ready responses {lens}")
-
-    @case(f"streaming.refused.prompt_fills_max_model_len_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s) ({what}): a prompt of exactly {limit} tokens (no room "
-          "left for one output token) is refused at submission, no ADD reaches any engine; "
-          f"one of {limit - 1} tokens with max_tokens 1 is served.",
-          grounds=PROMPT_FILLS_CONTEXT_REFUSED, needs=REFUSAL_NEEDS)
-    async def check(ctx: CaseContext) -> None:
-        fits = [11, *([12] * (limit - 2))]
-        full = [11, *([13] * (limit - 1))]
-        await ctx.start(_served_scripts(engines, fits, full, max_model_len=lens, tokens=[300]))
-        await _require_refused(ctx, engines, full, 1,
-                               f"a prompt of {len(full)} tokens filling {what}")
-        await _require_served(ctx, fits, 1, f"a prompt of {len(fits)} tokens", tokens=[300])
-
-    check.__name__ = check.__qualname__ = f"refused_prompt_fills_max_model_len_{engines}"
-    return check
+@case("streaming.refused.prompt_over_max_model_len_{engines}_engines", Level.MUST,
+      "With {engines} engine(s) ({what}): a prompt of {over_len} tokens is refused "
+      "at submission, no ADD reaches any engine; one of {fits_len} tokens with "
+      "max_tokens 3 is served.",
+      grounds=PROMPT_OVER_CONTEXT_REFUSED, needs=REFUSAL_NEEDS,
+      params=[_context_limit(n) for n in (1, 2)])
+async def refused_prompt_over_max_model_len(ctx: CaseContext, engines: int, lens: list[int],
+                                            limit: int, what: str) -> None:
+    fits = [11, *([12] * (limit - 9))]
+    over = [11, *([13] * limit)]
+    await ctx.start(_served_scripts(engines, fits, over, max_model_len=lens))
+    await _require_refused(ctx, engines, over, 3,
+                           f"a prompt of {len(over)} tokens over {what}")
+    await _require_served(ctx, fits, 3, f"a prompt of {len(fits)} tokens")
 
 
-for _n in (1, 2):
-    for _fn in (_over_context_case(_n), _fills_context_case(_n)):
-        globals()[_fn.__name__] = _fn
-del _fn
+@case("streaming.refused.prompt_fills_max_model_len_{engines}_engines", Level.MUST,
+      "With {engines} engine(s) ({what}): a prompt of exactly {limit} tokens (no room "
+      "left for one output token) is refused at submission, no ADD reaches any engine; "
+      "one of {fits_full_len} tokens with max_tokens 1 is served.",
+      grounds=PROMPT_FILLS_CONTEXT_REFUSED, needs=REFUSAL_NEEDS,
+      params=[_context_limit(n) for n in (1, 2)])
+async def refused_prompt_fills_max_model_len(ctx: CaseContext, engines: int, lens: list[int],
+                                             limit: int, what: str) -> None:
+    fits = [11, *([12] * (limit - 2))]
+    full = [11, *([13] * (limit - 1))]
+    await ctx.start(_served_scripts(engines, fits, full, max_model_len=lens, tokens=[300]))
+    await _require_refused(ctx, engines, full, 1,
+                           f"a prompt of {len(full)} tokens filling {what}")
+    await _require_served(ctx, fits, 1, f"a prompt of {len(fits)} tokens", tokens=[300])
 
 
 @case("streaming.refused.min_tokens_above_max_tokens", Level.MUST,
