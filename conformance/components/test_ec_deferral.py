@@ -13,11 +13,10 @@ $COREWIRE_EC_SCHEDULER (reference | vllm | mutant:NAME).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
+from conformance.components.helpers import require_none
+from harness.cases.authoring import CaseContext, Level, case
 from harness.components import ec_scheduler_factory, ec_scheduler_name, preload_ec_scheduler
 from harness.components.ec_contract import (
     ECRequest,
@@ -25,7 +24,6 @@ from harness.components.ec_contract import (
     SchedulerShape,
     ec_request,
 )
-from harness.results.records import Level
 
 PR = "PR #41627"
 SCHED = "vllm 0.33.0 v1/core/sched/scheduler.py"
@@ -64,10 +62,6 @@ def _held_violations(rig: ECSchedulerRig, req_id: str, steps: Sequence[int]) -> 
     return out
 
 
-def _require_none(ctx: CaseContext, violations: list[str], expected: str) -> None:
-    ctx.require(not violations, expected=expected, observed="; ".join(violations[:6]))
-
-
 # ---------------------------------------------------------------------------------------------
 # A staging request is skipped without allocating anything.
 
@@ -77,36 +71,29 @@ NOT_ALLOCATED_LAYOUTS: dict[str, tuple[int, int, int]] = {  # prompt length, ite
 }
 
 
-def _make_not_allocated(name: str, layout: tuple[int, int, int]
-                        ) -> Callable[[CaseContext], Coroutine[Any, Any, None]]:
-    n, offset, length = layout
-
-    @case(f"components.ec_deferral.staging_request_not_allocated_{name}", Level.MUST,
-          f"A waiting request whose encoder-cache item ({length} tokens at offset {offset} of "
-          f"a {n}-token prompt) is still staging (ensure_cache_available -> False) is not "
-          "scheduled: no tokens (not even the text before the item), no KV blocks, no "
-          "encoder-cache entry, no update_state_after_alloc; it is polled once per step with "
-          "num_computed_tokens 0.",
-          source=f"{PR}; {SCHED}:1222-1228 (_ec_transfer_pending before any allocation)")
-    async def staging_request_not_allocated(ctx: CaseContext) -> None:
-        with _rig(ctx) as rig:
-            rig.connector.stage("img-a")
-            rig.add(ec_request("A", _prompt(1, n), [("img-a", offset, length)]))
-            for _ in range(DEFER_STEPS):
-                rig.step()
-            _require_none(ctx, _held_violations(rig, "A", range(DEFER_STEPS)),
-                          "nothing scheduled or allocated for the staging request")
-            polls = [(p.step, p.num_computed_tokens) for p in rig.connector.polls_of("A")]
-            ctx.require(polls == [(i, 0) for i in range(DEFER_STEPS)],
-                        expected=f"polled once per step with 0: "
-                                 f"{[(i, 0) for i in range(DEFER_STEPS)]}",
-                        observed=f"(step, num_computed_tokens) polls {polls}")
-
-    return staging_request_not_allocated
-
-
-for _name, _layout in NOT_ALLOCATED_LAYOUTS.items():
-    globals()[f"staging_request_not_allocated_{_name}"] = _make_not_allocated(_name, _layout)
+@case("components.ec_deferral.staging_request_not_allocated_{name}", Level.MUST,
+      "A waiting request whose encoder-cache item ({length} tokens at offset {offset} of "
+      "a {n}-token prompt) is still staging (ensure_cache_available -> False) is not "
+      "scheduled: no tokens (not even the text before the item), no KV blocks, no "
+      "encoder-cache entry, no update_state_after_alloc; it is polled once per step with "
+      "num_computed_tokens 0.",
+      source=f"{PR}; {SCHED}:1222-1228 (_ec_transfer_pending before any allocation)",
+      params=[{"name": name, "n": n, "offset": offset, "length": length}
+              for name, (n, offset, length) in NOT_ALLOCATED_LAYOUTS.items()])
+async def staging_request_not_allocated(ctx: CaseContext, n: int, offset: int,
+                                        length: int) -> None:
+    with _rig(ctx) as rig:
+        rig.connector.stage("img-a")
+        rig.add(ec_request("A", _prompt(1, n), [("img-a", offset, length)]))
+        for _ in range(DEFER_STEPS):
+            rig.step()
+        require_none(ctx, _held_violations(rig, "A", range(DEFER_STEPS)),
+                     "nothing scheduled or allocated for the staging request")
+        polls = [(p.step, p.num_computed_tokens) for p in rig.connector.polls_of("A")]
+        ctx.require(polls == [(i, 0) for i in range(DEFER_STEPS)],
+                    expected=f"polled once per step with 0: "
+                             f"{[(i, 0) for i in range(DEFER_STEPS)]}",
+                    observed=f"(step, num_computed_tokens) polls {polls}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,37 +116,31 @@ def _layout_requests(layout: str) -> list[tuple[ECRequest, str]]:
     return out
 
 
-def _make_behind(name: str, layout: str) -> Callable[[CaseContext], Coroutine[Any, Any, None]]:
-    @case(f"components.ec_deferral.requests_behind_scheduled_{name}", Level.MUST,
-          f"With requests arriving as {layout} (S: item staging, T: text only, M: item "
-          "already held by the connector), every request that is not staging is scheduled "
-          "in full in the first step, in arrival order; the staging ones are not "
-          "(no head-of-line blocking).",
-          source=f"{PR}; {SCHED}:1054-1060 (skip_request, then continue)")
-    async def requests_behind_scheduled(ctx: CaseContext) -> None:
-        reqs = _layout_requests(layout)
-        with _rig(ctx) as rig:
-            for r, kind in reqs:
-                if kind == "S":
-                    rig.connector.stage(r.mm_features[0].identifier)
-                elif kind == "M":
-                    rig.connector.land(r.mm_features[0].identifier)
-            rig.add(*(r for r, _ in reqs))
-            step = rig.step()
-            ready = [r.request_id for r, kind in reqs if kind != "S"]
-            wrong = [f"{r.request_id} got {step.scheduled(r.request_id)} of {r.num_tokens}"
-                     for r, kind in reqs
-                     if step.scheduled(r.request_id) != (0 if kind == "S" else r.num_tokens)]
-            _require_none(ctx, wrong, "staging requests 0 tokens, all others their prompt")
-            ctx.require(list(step.admitted) == ready,
-                        expected=f"admitted in arrival order {ready}",
-                        observed=f"admitted {list(step.admitted)}")
-
-    return requests_behind_scheduled
-
-
-for _name, _layout_str in BEHIND_LAYOUTS.items():
-    globals()[f"requests_behind_scheduled_{_name}"] = _make_behind(_name, _layout_str)
+@case("components.ec_deferral.requests_behind_scheduled_{name}", Level.MUST,
+      "With requests arriving as {layout} (S: item staging, T: text only, M: item "
+      "already held by the connector), every request that is not staging is scheduled "
+      "in full in the first step, in arrival order; the staging ones are not "
+      "(no head-of-line blocking).",
+      source=f"{PR}; {SCHED}:1054-1060 (skip_request, then continue)",
+      params=[{"name": name, "layout": layout} for name, layout in BEHIND_LAYOUTS.items()])
+async def requests_behind_scheduled(ctx: CaseContext, layout: str) -> None:
+    reqs = _layout_requests(layout)
+    with _rig(ctx) as rig:
+        for r, kind in reqs:
+            if kind == "S":
+                rig.connector.stage(r.mm_features[0].identifier)
+            elif kind == "M":
+                rig.connector.land(r.mm_features[0].identifier)
+        rig.add(*(r for r, _ in reqs))
+        step = rig.step()
+        ready = [r.request_id for r, kind in reqs if kind != "S"]
+        wrong = [f"{r.request_id} got {step.scheduled(r.request_id)} of {r.num_tokens}"
+                 for r, kind in reqs
+                 if step.scheduled(r.request_id) != (0 if kind == "S" else r.num_tokens)]
+        require_none(ctx, wrong, "staging requests 0 tokens, all others their prompt")
+        ctx.require(list(step.admitted) == ready,
+                    expected=f"admitted in arrival order {ready}",
+                    observed=f"admitted {list(step.admitted)}")
 
 
 # ---------------------------------------------------------------------------------------------

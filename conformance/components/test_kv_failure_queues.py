@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
+from conformance.components.helpers import require_none
+from harness.cases.authoring import CaseContext, Level, case
 from harness.components import (
     FakeTransport,
     KVWorkerRig,
@@ -31,7 +31,6 @@ from harness.components import (
     kv_worker_name,
     preload_kv_worker,
 )
-from harness.results.records import Level
 
 try:  # imported here: under pytest's assertion rewriting it takes seconds, not for a case
     from hypothesis import HealthCheck, Phase, given, settings
@@ -121,10 +120,6 @@ def _ok_violations(rig: KVWorkerRig, ok: Sequence[RecvSpec], since: int = 0) -> 
     return out
 
 
-def _require_none(ctx: CaseContext, violations: list[str], expected: str) -> None:
-    ctx.require(not violations, expected=expected, observed="; ".join(violations[:6]))
-
-
 async def _fail_one(ctx: CaseContext, rig: KVWorkerRig, flag: str) -> RecvSpec:
     """One request under a FailingNixlWrapper-style global flag, settled."""
     spec = _spec("r-fail", 0)
@@ -161,7 +156,7 @@ def _mixed_failures() -> tuple[list[RecvSpec], list[RecvSpec], Callable[[FakeTra
 async def handshake_failure_reported_once(ctx: CaseContext) -> None:
     with _rig(ctx, handshake_delay=0.02) as rig:
         spec = await _fail_one(ctx, rig, "fail_handshake")
-        _require_none(ctx, _once_violations(rig, [spec]), "reported exactly once")
+        require_none(ctx, _once_violations(rig, [spec]), "reported exactly once")
         threads = rig.transport.handshake_threads(OK_ENGINE)
         ctx.require(bool(threads) and threading.get_ident() not in threads,
                     expected="the handshake (and its failure) ran off the caller's thread, "
@@ -178,7 +173,7 @@ async def handshake_failure_reported_once(ctx: CaseContext) -> None:
 async def transfer_setup_failure_reported_once(ctx: CaseContext) -> None:
     with _rig(ctx) as rig:
         spec = await _fail_one(ctx, rig, "fail_transfer_setup")
-        _require_none(ctx, _once_violations(rig, [spec]), "reported exactly once")
+        require_none(ctx, _once_violations(rig, [spec]), "reported exactly once")
 
 
 @case("components.kv_failure.transfer_failed_reported_once", Level.MUST,
@@ -188,7 +183,7 @@ async def transfer_setup_failure_reported_once(ctx: CaseContext) -> None:
 async def transfer_failed_reported_once(ctx: CaseContext) -> None:
     with _rig(ctx) as rig:
         spec = await _fail_one(ctx, rig, "fail_transfer_state")
-        _require_none(ctx, _once_violations(rig, [spec]), "reported exactly once, handle released")
+        require_none(ctx, _once_violations(rig, [spec]), "reported exactly once, handle released")
 
 
 @case("components.kv_failure.transfer_exception_reported_once", Level.MUST,
@@ -198,7 +193,7 @@ async def transfer_failed_reported_once(ctx: CaseContext) -> None:
 async def transfer_exception_reported_once(ctx: CaseContext) -> None:
     with _rig(ctx) as rig:
         spec = await _fail_one(ctx, rig, "fail_transfer_exception")
-        _require_none(ctx, _once_violations(rig, [spec]), "reported exactly once, handle released")
+        require_none(ctx, _once_violations(rig, [spec]), "reported exactly once, handle released")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,8 +211,8 @@ async def failed_requests_skip_post_processing(ctx: CaseContext) -> None:
         arm(rig.transport)
         rig.load(*failed, *ok)
         await _settle(ctx, rig, [*failed, *ok])
-        _require_none(ctx, _skip_violations(rig, failed),
-                      "no post-processing for any failed request")
+        require_none(ctx, _skip_violations(rig, failed),
+                     "no post-processing for any failed request")
         ctx.note(f"post-processed: {sorted(r for _, r in rig.hooks.calls())}")
 
 
@@ -232,8 +227,8 @@ async def invalid_blocks_by_report_pass(ctx: CaseContext) -> None:
         arm(rig.transport)
         rig.load(*failed, *ok)
         await _settle(ctx, rig, [*failed, *ok])
-        _require_none(ctx, _block_violations(rig, failed, ok),
-                      "failed blocks reported by the report pass, no others")
+        require_none(ctx, _block_violations(rig, failed, ok),
+                     "failed blocks reported by the report pass, no others")
         ctx.note("load errors by pass: " + ", ".join(
             f"{p.index}:{sorted(p.invalid_block_ids)}" for p in rig.passes if p.invalid_block_ids))
 
@@ -270,9 +265,9 @@ async def not_reported_while_handle_outstanding(ctx: CaseContext) -> None:
         for s in specs:
             rig.transport.resolve(s.req_id, Outcome.DONE)
         await _settle(ctx, rig, specs, since)
-        _require_none(ctx, _once_violations(rig, specs, since) + _skip_violations(rig, specs)
-                      + _block_violations(rig, specs, [], since),
-                      "each reported once, as failed, after its last handle finished")
+        require_none(ctx, _once_violations(rig, specs, since) + _skip_violations(rig, specs)
+                     + _block_violations(rig, specs, [], since),
+                     "each reported once, as failed, after its last handle finished")
 
 
 @case("components.kv_failure.release_failure_retains_handle", Level.MUST,
@@ -297,8 +292,8 @@ async def release_failure_retains_handle(ctx: CaseContext) -> None:
                     observed=f"{rig.transport.release_attempts(spec.req_id)} attempts, "
                              f"outstanding {rig.transport.outstanding(spec.req_id)}")
         await _settle(ctx, rig, [spec])
-        _require_none(ctx, _once_violations(rig, [spec]) + _skip_violations(rig, [spec]),
-                      "reported once, after the release succeeded")
+        require_none(ctx, _once_violations(rig, [spec]) + _skip_violations(rig, [spec]),
+                     "reported once, after the release succeeded")
         misuse = rig.transport.misuse()
         ctx.require(not misuse, expected="no double release or use after release",
                     observed=misuse)
@@ -325,7 +320,7 @@ async def successful_neighbours_post_processed(ctx: CaseContext) -> None:
         rig.transport.resolve(pair_err.req_id, Outcome.ERR)
         all_failed, all_ok = [*failed, pair_err], [*ok, pair_ok]
         await _settle(ctx, rig, [*all_failed, *all_ok])
-        _require_none(ctx, _ok_violations(rig, all_ok), "successful requests post-processed")
+        require_none(ctx, _ok_violations(rig, all_ok), "successful requests post-processed")
         fail_ids = {s.req_id for s in all_failed}
         mixed = [p.index for p in rig.passes
                  if p.finished_recving & fail_ids and p.finished_recving - fail_ids]
@@ -465,9 +460,9 @@ async def concurrent_failure_mix(ctx: CaseContext) -> None:
         ctx.require(bool(ran), expected="at least one mix explored", observed="none")
         if failures:
             plan, violations = min(failures, key=lambda f: len(f[0].reqs))
-            ctx.require(False, expected="every mix honours the contract",
-                        observed=f"{len(failures)} failing mix(es); smallest: {plan.brief()} "
-                                 f"-> {'; '.join(violations[:4])}")
+            ctx.fail(expected="every mix honours the contract",
+                     observed=f"{len(failures)} failing mix(es); smallest: {plan.brief()} "
+                              f"-> {'; '.join(violations[:4])}")
 
 
 def _explore(check: Callable[[_Plan], None], failures_seen: Callable[[], bool]) -> str:

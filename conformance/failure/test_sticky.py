@@ -19,16 +19,28 @@ from collections.abc import Callable
 
 import msgspec
 
-from harness.cases.context import CaseContext
-from harness.cases.declaration import case
-from harness.cases.grounds import both, defect, engine, py, rs
-from harness.cases.helpers import hold, prompt
-from harness.frontends.api import Capability, FrontendError, StreamHandle
+from conformance.failure.helpers import require_pending_call_fails
+from harness.cases.authoring import (
+    Capability,
+    CaseContext,
+    EngineScript,
+    FrontendError,
+    Level,
+    MockEngine,
+    StreamHandle,
+    UtilityReply,
+    any_request,
+    both,
+    case,
+    defect,
+    engine,
+    hold,
+    messages,
+    prompt,
+    py,
+    rs,
+)
 from harness.protocol.wire import WireCodec
-from harness.protocol.wire import messages as m
-from harness.results.records import Level
-from mock_engines.group import MockEngine
-from mock_engines.script import EngineScript, UtilityReply, any_request
 
 GARBAGE_STICKS = defect(
     py("vllm/v1/engine/core_client.py:1262", "outputs_queue.put_nowait(e)"),
@@ -83,9 +95,9 @@ FAILED = ("error",)
 def _bad_aux_index(codec: WireCodec) -> list[bytes]:
     """A well-formed outputs message (in the engines' protocol profile) whose ndarray points
     at an aux frame that is missing."""
-    big = m.WireArray("<i4", (1, 128), bytes(512))
-    frames = codec.encode_outputs(m.EngineCoreOutputs(
-        0, [m.EngineCoreOutput("ghost", [100], routed_experts=big)], None, time.monotonic()))
+    big = messages.WireArray("<i4", (1, 128), bytes(512))
+    frames = codec.encode_outputs(messages.EngineCoreOutputs(
+        0, [messages.EngineCoreOutput("ghost", [100], routed_experts=big)], None, time.monotonic()))
     return frames[:1]
 
 
@@ -98,6 +110,12 @@ GARBAGE: dict[str, tuple[str, Callable[[WireCodec], list[bytes]]]] = {
     "two_frame_garbage": ("a two-frame message of garbage",
                           lambda _codec: [b"\xc1garbage", b"\x00\x01more"]),
 }
+
+
+# (kind, engines): every kind with 2 engines, the plainest one with 1 to 4.
+GARBAGE_CASES = [*(("not_msgpack", n) for n in (1, 2, 3, 4)),
+                 *((kind, 2) for kind in ("wrong_shape", "missing_aux_frame",
+                                          "two_frame_garbage"))]
 
 
 def _errored(h: StreamHandle) -> bool:
@@ -134,62 +152,44 @@ async def _require_later_calls_fail(ctx: CaseContext) -> None:
     except FrontendError:
         pass
     except asyncio.TimeoutError:
-        ctx.require(False, expected="a new request fails within 2 s",
-                    observed="generate() still pending after 2 s")
+        ctx.fail(expected="a new request fails within 2 s",
+                 observed="generate() still pending after 2 s")
     try:
         value = await asyncio.wait_for(ctx.driver.is_sleeping(), ctx.t(2))
-        ctx.require(False, expected="is_sleeping fails after the failure",
-                    observed=f"it answered {value!r}")
+        ctx.fail(expected="is_sleeping fails after the failure",
+                 observed=f"it answered {value!r}")
     except FrontendError:
         pass
     except asyncio.TimeoutError:
-        ctx.require(False, expected="is_sleeping fails within 2 s",
-                    observed="still pending after 2 s")
+        ctx.fail(expected="is_sleeping fails within 2 s",
+                 observed="still pending after 2 s")
     ctx.note(f"later calls failed after {time.monotonic() - began:.2f}s")
 
 
-def _make_garbage_case(kind: str, engines: int) -> None:
-    text, frames = GARBAGE[kind]
-
-    @case(f"failure.sticky.{kind}_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s), {text} from the last engine ends every open stream "
-          "(on every engine) with an error, and every later call (generate, is_sleeping) "
-          "fails within 2 s instead of being served or hanging.",
-          grounds=GARBAGE_STICKS, needs=STICKY)
-    async def run(ctx: CaseContext) -> None:
-        engs, handles = await _open_holding(ctx, engines)
-        engs[-1].send_garbage(frames(ctx.engines.codec))
-        await _require_streams_failed(ctx, handles)
-        await _require_later_calls_fail(ctx)
-
-    run.__name__ = run.__qualname__ = f"sticky_{kind}_{engines}"
-    globals()[run.__name__] = run
+@case("failure.sticky.{kind}_{engines}_engines", Level.MUST,
+      "With {engines} engine(s), {text} from the last engine ends every open stream "
+      "(on every engine) with an error, and every later call (generate, is_sleeping) "
+      "fails within 2 s instead of being served or hanging.",
+      grounds=GARBAGE_STICKS, needs=STICKY,
+      params=[{"kind": kind, "text": GARBAGE[kind][0], "engines": n}
+              for kind, n in GARBAGE_CASES])
+async def sticky_garbage(ctx: CaseContext, kind: str, engines: int) -> None:
+    engs, handles = await _open_holding(ctx, engines)
+    engs[-1].send_garbage(GARBAGE[kind][1](ctx.engines.codec))
+    await _require_streams_failed(ctx, handles)
+    await _require_later_calls_fail(ctx)
 
 
-for _n in (1, 2, 3, 4):
-    _make_garbage_case("not_msgpack", _n)
-for _kind in ("wrong_shape", "missing_aux_frame", "two_frame_garbage"):
-    _make_garbage_case(_kind, 2)
-
-
-def _make_dead_case(engines: int) -> None:
-    @case(f"failure.sticky.engine_dead_{engines}_engines", Level.MUST,
-          f"With {engines} engine(s), ENGINE_CORE_DEAD from the last engine ends every open "
-          "stream with an error and every later call fails within 2 s.",
-          grounds=DEAD_STICKS,
-          needs=[*STICKY, Capability.ENGINE_DEATH])
-    async def run(ctx: CaseContext) -> None:
-        engs, handles = await _open_holding(ctx, engines)
-        engs[-1].send_dead()
-        await _require_streams_failed(ctx, handles)
-        await _require_later_calls_fail(ctx)
-
-    run.__name__ = run.__qualname__ = f"sticky_dead_{engines}"
-    globals()[run.__name__] = run
-
-
-for _n in (1, 2, 3, 4):
-    _make_dead_case(_n)
+@case("failure.sticky.engine_dead_{engines}_engines", Level.MUST,
+      "With {engines} engine(s), ENGINE_CORE_DEAD from the last engine ends every open "
+      "stream with an error and every later call fails within 2 s.",
+      grounds=DEAD_STICKS,
+      needs=[*STICKY, Capability.ENGINE_DEATH], params=[{"engines": n} for n in (1, 2, 3, 4)])
+async def sticky_dead(ctx: CaseContext, engines: int) -> None:
+    engs, handles = await _open_holding(ctx, engines)
+    engs[-1].send_dead()
+    await _require_streams_failed(ctx, handles)
+    await _require_later_calls_fail(ctx)
 
 
 @case("failure.sticky.engine_dead_from_every_engine_2_engines", Level.MUST,
@@ -218,16 +218,4 @@ async def garbage_pending_utility(ctx: CaseContext) -> None:
     ctx.require(not call.done(), expected="the call waits for the silent engine",
                 observed=f"it returned early: {call.result() if call.done() else None}")
     group[0].send_garbage([b"\xc1garbage"])
-    began = time.monotonic()
-    try:
-        value = await asyncio.wait_for(call, ctx.t(3))
-    except asyncio.TimeoutError:
-        ctx.require(False, expected="the pending call fails within 1 s",
-                    observed="still pending 3 s after the undecodable message")
-        return
-    except FrontendError as exc:
-        elapsed = time.monotonic() - began
-        ctx.require(elapsed <= ctx.t(1.0), expected="the pending call fails within 1 s",
-                    observed=f"failed after {elapsed:.2f}s: {exc}")
-        return
-    ctx.require(False, expected="the pending call fails", observed=f"returned {value!r}")
+    await require_pending_call_fails(ctx, call, "the undecodable message")
