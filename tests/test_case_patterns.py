@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.handshake.test_handshake import NAMES_ENGINE_1
+from conformance.handshake.test_register import NAMES_ENGINE_1
 
 
 @pytest.mark.parametrize("text", [

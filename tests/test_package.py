@@ -202,7 +202,7 @@ def test_the_checkout_finds_its_own_fixtures_and_cases() -> None:
 def test_the_wheel_carries_the_cases_and_the_fixtures(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     for name in ("conformance/__init__.py", "conformance/conftest.py",
-                 "conformance/abort/test_abort.py", "conformance/components/test_ec_deferral.py",
+                 "conformance/abort/test_drop.py", "conformance/components/test_ec_deferral.py",
                  "harness/run/corewire_run.ini", "harness/locations.py",
                  "harness/fixtures/tiny-model/config.json",
                  "harness/fixtures/tiny-model/tokenizer.json",

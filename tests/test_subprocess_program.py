@@ -42,7 +42,7 @@ def spec_of(fn: Any) -> CaseSpec:
 def test_the_program_serves_a_mutant_as_the_mutant_fails_in_process() -> None:
     """`--frontend mutant:duplicate_abort` behind the protocol: the case that catches the
     mutant in-process catches it through the program too, and passes on the default."""
-    from conformance.abort.test_abort import burst_exactly_once
+    from conformance.abort.test_drop import burst_exactly_once
 
     spec = spec_of(burst_exactly_once)
     inside = asyncio.run(run_case(spec, burst_exactly_once,
@@ -60,7 +60,7 @@ def test_the_program_serves_a_mutant_as_the_mutant_fails_in_process() -> None:
 def test_the_startup_bound_is_the_one_wait_ready_carries() -> None:
     """The driver starts at `init` but waits by `wait_ready`'s bound: an engine that never
     registers is named by the frontend's own error, within that bound."""
-    from conformance.handshake.test_handshake import never_registers_named
+    from conformance.handshake.test_register import never_registers_named
 
     spec = spec_of(never_registers_named)
     began = time.monotonic()

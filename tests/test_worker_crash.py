@@ -67,8 +67,8 @@ def test_a_worker_killed_mid_case_is_that_cases_error(tmp_path: Path) -> None:
 def test_case_items_are_told_from_other_tests() -> None:
     from harness.run.worker_crash import split_item_name
 
-    item = "conformance/abort/test_abort.py::abort.drop.single[subprocess:./d a[b]]"
+    item = "conformance/abort/test_drop.py::abort.drop.single[subprocess:./d a[b]]"
     assert split_item_name(item) \
-        == ("conformance/abort/test_abort.py", "abort.drop.single", "subprocess:./d a[b]")
+        == ("conformance/abort/test_drop.py", "abort.drop.single", "subprocess:./d a[b]")
     assert split_item_name("tests/test_x.py::test_plain") is None
     assert split_item_name("tests/test_x.py::[odd]") is None
