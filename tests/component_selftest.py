@@ -9,7 +9,7 @@ mutant); only the suite module, the selecting variable and the mutants differ.
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -39,7 +39,7 @@ class ComponentSuite:
     the case designed to catch each mutant."""
 
     module: ModuleType
-    env_var: str
+    kind: str  # the component kind: "kv", "ec"
     designed_for: Mapping[str, str]  # mutant name -> short case name
 
     @property
@@ -50,17 +50,9 @@ class ComponentSuite:
     def run(self, component: str, cases: Sequence[tuple[CaseSpec, CaseFn]] | None = None
             ) -> dict[str, CaseResult]:
         """{case id: result} of running `cases` (all by default) against `component`."""
-        previous = os.environ.get(self.env_var)
-        os.environ[self.env_var] = component
-        try:
-            return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none"),
-                                                       config=RUN_CONFIG))
-                    for spec, fn in (self.cases if cases is None else cases)}
-        finally:
-            if previous is None:
-                os.environ.pop(self.env_var, None)
-            else:
-                os.environ[self.env_var] = previous
+        config = dataclasses.replace(RUN_CONFIG, component_units={self.kind: component})
+        return {spec.case_id: asyncio.run(run_case(spec, fn, NoFrontend("none"), config=config))
+                for spec, fn in (self.cases if cases is None else cases)}
 
     def only(self, case_id: str) -> list[tuple[CaseSpec, CaseFn]]:
         return [(s, f) for s, f in self.cases if s.case_id == case_id]

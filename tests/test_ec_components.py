@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import pytest
 
 import conformance.components.test_ec_deferral as suite
-from harness.components import ENV_EC_SCHEDULER
 from harness.components.ec_mutants import MUTANTS
 from harness.results.records import Verdict
 from tests.component_selftest import ComponentSuite, Matrix, problems
@@ -35,7 +34,7 @@ DESIGNED_FOR = {
     "gates_only_admission": "running_request_gated",
     "gates_text_only": "text_only_never_gated",
 }
-SUITE = ComponentSuite(suite, ENV_EC_SCHEDULER, DESIGNED_FOR)
+SUITE = ComponentSuite(suite, "ec", DESIGNED_FOR)
 CASES = SUITE.cases
 
 

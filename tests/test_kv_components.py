@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 import conformance.components.test_kv_failure_queues as suite
-from harness.components import ENV_KV_WORKER, FakeTransport, RecvHooks
+from harness.components import FakeTransport, RecvHooks
 from harness.components.kv_mutants import MUTANTS
 from harness.results.records import Verdict
 from tests.component_selftest import ComponentSuite, Matrix, problems
@@ -35,7 +35,7 @@ DESIGNED_FOR = {
     "drops_unreleasable_handles": "release_failure_retains_handle",
     "skips_neighbours": "successful_neighbours_post_processed",
 }
-SUITE = ComponentSuite(suite, ENV_KV_WORKER, DESIGNED_FOR)
+SUITE = ComponentSuite(suite, "kv", DESIGNED_FOR)
 CASES = SUITE.cases
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from conformance.components.helpers import require_none
 from harness.cases.authoring import CaseContext, Level, case
-from harness.components import ec_scheduler_factory, ec_scheduler_name, preload_ec_scheduler
+from harness.components import ec_scheduler_factory
 from harness.components.ec_contract import (
     ECRequest,
     ECSchedulerRig,
@@ -29,11 +29,8 @@ PR = "PR #41627"
 SCHED = "vllm 0.33.0 v1/core/sched/scheduler.py"
 DEFER_STEPS = 3  # steps a staging request is held for, polled every time
 
-preload_ec_scheduler()  # vLLM's import (tens of seconds) is paid at collection, not in a case
-
-
 def _rig(ctx: CaseContext, shape: SchedulerShape | None = None) -> ECSchedulerRig:
-    name = ec_scheduler_name()
+    name = ctx.config.component_unit("ec")
     ctx.note(f"scheduler under test: {name}")
     return ECSchedulerRig(ec_scheduler_factory(name), shape)
 

@@ -28,8 +28,6 @@ from harness.components import (
     Outcome,
     RecvSpec,
     kv_worker_factory,
-    kv_worker_name,
-    preload_kv_worker,
 )
 
 try:  # imported here: under pytest's assertion rewriting it takes seconds, not for a case
@@ -44,11 +42,8 @@ BAD_ENGINE = "prefill-bad"
 SETTLE = 2.0  # seconds (scaled) for every loaded request to be reported
 EXTRA_PASSES = 5  # passes after that in which nothing may be reported again
 
-preload_kv_worker()  # vLLM's import (tens of seconds) is paid at collection, not in a case
-
-
 def _rig(ctx: CaseContext, *, handshake_delay: float = 0.0) -> KVWorkerRig:
-    name = kv_worker_name()
+    name = ctx.config.component_unit("kv")
     ctx.note(f"KV worker under test: {name}")
     return KVWorkerRig(kv_worker_factory(name), FakeTransport(handshake_delay=handshake_delay))
 

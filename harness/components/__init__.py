@@ -36,12 +36,10 @@ from harness.components.kv_contract import (
 )
 from harness.components.kv_reference import ReferenceKVWorker, reference_factory
 from harness.components.kv_transport import FakeTransport, Outcome, TransportFault
-from harness.components.units import DEFAULT_UNIT, ComponentSlot
+from harness.components.units import ComponentSlot
 
 ENV_KV_WORKER = "COREWIRE_KV_WORKER"
-DEFAULT_KV_WORKER = DEFAULT_UNIT
 ENV_EC_SCHEDULER = "COREWIRE_EC_SCHEDULER"
-DEFAULT_EC_SCHEDULER = DEFAULT_UNIT
 EC_CASE_PREFIX = "components.ec_"
 
 
@@ -66,21 +64,17 @@ def component_slot(kind: str) -> ComponentSlot[Any]:
     return slots[kind]
 
 
-def component_label(case_id: str) -> str:
-    """The unit a component case runs against, as the `[...]` part of its test id."""
-    return (EC_SCHEDULERS if case_id.startswith(EC_CASE_PREFIX) else KV_WORKERS).label()
+def component_kind(case_id: str) -> str:
+    """The component kind ("kv", "ec") a component case tests."""
+    return "ec" if case_id.startswith(EC_CASE_PREFIX) else "kv"
 
 
-kv_worker_name = KV_WORKERS.name
 kv_worker_factory = KV_WORKERS.factory
 preload_kv_worker = KV_WORKERS.preload
-ec_scheduler_name = EC_SCHEDULERS.name
 ec_scheduler_factory = EC_SCHEDULERS.factory
 preload_ec_scheduler = EC_SCHEDULERS.preload
 
 __all__ = [
-    "DEFAULT_EC_SCHEDULER",
-    "DEFAULT_KV_WORKER",
     "EC_SCHEDULERS",
     "ENV_EC_SCHEDULER",
     "ENV_KV_WORKER",
@@ -98,12 +92,10 @@ __all__ = [
     "ReferenceKVWorker",
     "TransportFault",
     "WorkerFactory",
-    "component_label",
+    "component_kind",
     "component_slot",
     "ec_scheduler_factory",
-    "ec_scheduler_name",
     "kv_worker_factory",
-    "kv_worker_name",
     "preload_ec_scheduler",
     "preload_kv_worker",
     "reference_factory",

@@ -1,6 +1,7 @@
 """Which implementation of a component runs: the unit a spec names ("reference", vLLM's own
 through its adapter, or "mutant:NAME"), chosen by `--frontend kv:NAME` / `ec:NAME` or the
-component's environment variable.
+component's environment variable -- read once into the run's RunConfig
+(`component_unit(kind)`), which every caller hands in.
 
 Why one class: the KV worker and the EC scheduler are chosen, checked, labelled and preloaded
 the same way; only their units, mutant tables and variables differ. Specs are parsed by
@@ -11,7 +12,6 @@ imported lazily: the vLLM adapters cost tens of seconds.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -19,7 +19,6 @@ from typing import Any, Generic, TypeVar, cast
 from harness.frontends.spec import SpecGrammar, lookup, parse_spec
 
 F = TypeVar("F")
-DEFAULT_UNIT = "reference"
 
 
 @dataclass(frozen=True)
@@ -41,17 +40,13 @@ class ComponentSlot(Generic[F]):
                            usage=f"{', '.join(self.units)} or mutant:NAME (--frontend "
                                  f"{self.kind}:NAME or ${self.env})")
 
-    def name(self) -> str:
-        """The unit under test: `$ENV`, else the reference."""
-        return os.environ.get(self.env, "").strip() or DEFAULT_UNIT
-
-    def label(self) -> str:
+    def label(self, unit: str) -> str:
         """The `[...]` part of a component case's test id."""
-        return f"{self.kind}:{self.name()}"
+        return f"{self.kind}:{unit}"
 
-    def factory(self, name: str | None = None) -> F:
-        """The factory of unit `name` (default: the unit under test)."""
-        spec = parse_spec(name or self.name(), self.grammar)
+    def factory(self, name: str) -> F:
+        """The factory of unit `name`."""
+        spec = parse_spec(name, self.grammar)
         if spec.kind == "mutant":
             return lookup(self._mutant_table(), spec.argument, f"{self.title} mutant")
         return cast(F, _load(self.units[spec.kind]))
@@ -63,10 +58,10 @@ class ComponentSlot(Generic[F]):
         if spec.kind == "mutant":
             lookup(self._mutant_table(), spec.argument, f"{self.title} mutant")
 
-    def preload(self, name: str | None = None) -> None:
+    def preload(self, name: str) -> None:
         """Pay the unit's slow imports up front (at collection), so no case spends its time
         bound on them."""
-        hook = self.preloads.get(name or self.name())
+        hook = self.preloads.get(name)
         if hook is not None:
             cast(Callable[[], None], _load(hook))()
 
@@ -80,4 +75,4 @@ def _load(where: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-__all__ = ["DEFAULT_UNIT", "ComponentSlot"]
+__all__ = ["ComponentSlot"]

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from harness.components import component_slot
 from harness.frontends.spec import COMPONENT_KINDS, FrontendSpec
 from harness.frontends.table import check_spec, parse_frontend, release_profile
 from harness.protocol.timing import DEFAULT, Timescale
@@ -25,7 +26,6 @@ from harness.protocol.wire.profiles import (
 )
 
 DEFAULT_UNIT = "reference"  # the component unit when none is named
-COMPONENT_ENV = {"kv": "COREWIRE_KV_WORKER", "ec": "COREWIRE_EC_SCHEDULER"}
 
 
 class RunConfigError(ValueError):
@@ -92,8 +92,13 @@ class RunConfig:
             named = {s.argument for s in map(parse_frontend, frontends) if s.kind == kind}
             if len(named) > 1:
                 raise RunConfigError(f"one {kind}: component per run, got {sorted(named)}")
-            unit = named.pop() if named else environ.get(COMPONENT_ENV[kind], "").strip()
+            slot = component_slot(kind)
+            unit = named.pop() if named else environ.get(slot.env, "").strip()
             if unit:
+                try:
+                    slot.check(unit)
+                except ValueError as exc:
+                    raise RunConfigError(str(exc)) from None
                 units[kind] = unit
         first = frontends[0] if frontends else "reference"
         return cls(first, chosen, scale, units)

@@ -102,7 +102,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for level in ("must", "should", "info"):
         config.addinivalue_line("markers", f"{level}: conformance cases of level {level}")
     run_config = check_usage(config)
-    selection.configure_components(run_config)
     if selection.conformance_only(config) and not _is_worker(config):
         terminal_is_ours(config)
     path = config.getoption("baseline")
@@ -153,10 +152,12 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str,
         spec = one.spec
         frontends = selection.wire_frontends(collector.config)
         if spec.area == "components":  # a component, not a frontend: only when asked for
-            from harness.components import component_label
+            from harness.components import component_kind, component_slot
 
+            kind = component_kind(spec.case_id)
+            unit = run_state_of(collector.config).config.component_unit(kind)
             frontends = selection.component_labels(collector.config, spec.case_id,
-                                                   component_label(spec.case_id))
+                                                   component_slot(kind).label(unit))
         for frontend in frontends:
             item = pytest.Function.from_parent(collector, name=f"{spec.case_id}[{frontend}]",
                                                callobj=one.run,
@@ -284,6 +285,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item], config: pytest.Confi
     selection.deselect_by_keyword(items, config)
     yield
     shard.deselect_other_shards(items, config)
+    run = _session(config)
+    if run is not None:
+        selection.preload_components(items, run.config)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -142,13 +142,15 @@ def component_labels(config: pytest.Config, case_id: str, default: str) -> list[
     return [default] if _components_asked(config) else []
 
 
-def configure_components(run_config: RunConfig) -> None:
-    """The run's component units (RunConfig: `--frontend kv:NAME` / `ec:NAME`, else
-    `$COREWIRE_KV_WORKER` / `$COREWIRE_EC_SCHEDULER`) for the component cases."""
-    from harness.components import component_slot
+def preload_components(items: list[pytest.Item], run_config: RunConfig) -> None:
+    """Pay the slow imports of the component units the selected component cases will run
+    (vLLM's, tens of seconds) at collection, so no case spends its time bound on them."""
+    from harness.components import component_kind, component_slot
 
-    for kind, unit in run_config.component_units.items():
-        os.environ[component_slot(kind).env] = unit
+    specs = [getattr(item, "corewire_spec", None) for item in items]
+    kinds = {component_kind(s.case_id) for s in specs if s is not None and s.area == "components"}
+    for kind in sorted(kinds):
+        component_slot(kind).preload(run_config.component_unit(kind))
 
 
 def _components_asked(config: pytest.Config) -> bool:
