@@ -28,6 +28,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from harness.frontends.table import FRONTENDS
 from harness.locations import IMPORT_ROOT, RUN_INI, MissingInstallError, require_cases_dir
 from harness.protocol.timing import DEFAULT, Timescale, TimescaleError
 
@@ -378,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                                      "6 reports not written (disk full), 7 a frontend could "
                                      "not start (3 start failures in a row, same cause).")
     run.add_argument("--frontend", action="append", metavar="[NAME=]SPEC",
-                     help="what to test, repeatable (default: reference). SPEC: reference, "
-                          "reference-subprocess, vllm-rs, vllm-rs@X (release X), vllm-py, "
-                          "subprocess:'CMD' (a port's driver program), mutant:NAME; "
-                          "kv:UNIT / ec:UNIT run the component cases instead (a "
-                          "KV-connector worker: reference, vllm-nixl; an EC scheduler: "
-                          "reference, vllm; either: mutant:NAME). NAME "
-                          "(letters, digits, _.@+-) keys the reports and baselines, e.g. "
+                     help=f"what to test, repeatable (default: reference). SPEC: "
+                          f"{FRONTENDS.usage} (vllm-rs@X: vLLM release X's; subprocess:'CMD': a "
+                          "port's driver program); kv: and ec: specs run the component "
+                          "cases instead (the unit after the colon: a KV-connector worker: "
+                          "reference, vllm-nixl; an EC scheduler: reference, vllm; either: "
+                          "mutant:NAME). A NAME= prefix (letters, digits, _.@+-) keys the "
+                          "reports and baselines, e.g. "
                           "myport=subprocess:./driver; a subprocess: spec without one is "
                           "named by its program's init reply")
     run.add_argument("-k", help="pytest -k expression, e.g. abort (default: every case)")

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from harness.cases.declaration import CaseSpec, cases_of
-from harness.frontends.table import make_driver
+from harness.frontends.table import FRONTENDS, make_driver
 from harness.hygiene import ownership, worker_exit
 from harness.results.baseline import Baseline, BaselineError, apply_baseline
 from harness.results.bounds import bound_result
@@ -60,11 +60,10 @@ from harness.run.state import RUN_STATE, RunState, run_state_of
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("corewire", "corewire conformance")
     group.addoption("--frontend", action="append", default=[],
-                    help="frontend under test (repeatable), SPEC or NAME=SPEC: reference "
-                         "(default), reference-subprocess, vllm-rs, vllm-rs@X (release X), "
-                         "vllm-py, subprocess:'CMD', mutant:NAME; kv:NAME / ec:NAME run the "
-                         "component cases. NAME (else a driver program's init name) keys "
-                         "reports and baselines")
+                    help=f"frontend under test (repeatable), SPEC or NAME=SPEC: "
+                         f"{FRONTENDS.usage} (default: reference; vllm-rs@X: vLLM release "
+                         f"X's; kv:/ec: run the component cases). NAME (else a driver "
+                         f"program's init name) keys reports and baselines")
     group.addoption("--timescale", type=float, default=None,
                     help="multiply every timing window (also COREWIRE_TIMESCALE)")
     group.addoption("--report-dir", default="reports",
