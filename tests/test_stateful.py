@@ -25,7 +25,7 @@ import hypothesis
 import pytest
 
 from conformance.streaming.mutants import AbortFinishedIds
-from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.frontends.reference.core import ReferenceFrontendCore, ToEngine
 from harness.frontends.reference.frontend import CoreFactory
 from harness.stateful import (
     EXAMPLES_ENV,
@@ -52,7 +52,7 @@ class AbortBatchToLowestRank(ReferenceFrontendCore):
     (or drain) pass covering both: a single-engine or single-request case never shows it.
     """
 
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         if len(per_engine) > 1:
             merged = [rid for _, ids in sorted(per_engine.items()) for rid in ids]
             per_engine = {min(per_engine): merged}

@@ -19,7 +19,7 @@ from harness.frontends.reference.core import (
     DuplicateRequestId,
     ReferenceFrontendCore,
     RequestState,
-    Send,
+    ToEngine,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.mutation import registry
@@ -53,7 +53,7 @@ class AbortStopTokenFinished(ReferenceFrontendCore):
 class AbortUnstartedAtFirstEngine(ReferenceFrontendCore):
     """Learns a request's engine from its first output; before that, aborts at engine 0."""
 
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         regrouped: dict[int, list[str]] = {}
         first = min(self.engines)
         for rank, ids in per_engine.items():
@@ -71,7 +71,7 @@ class AbortUnstartedAtFirstEngine(ReferenceFrontendCore):
 class AbortAcrossEnginesOneFrame(ReferenceFrontendCore):
     """Coalesces a batch into ONE frame for all engines, sent to the first owner."""
 
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         ids = [rid for _rank, batch in sorted(per_engine.items()) for rid in batch]
         if not ids:
             return []
@@ -82,7 +82,7 @@ class AbortAcrossEnginesOneFrame(ReferenceFrontendCore):
 class AbortBatchLimitLosesIds(ReferenceFrontendCore):
     """Drains at most 8 ids per pass and forgets the rest instead of keeping them queued."""
 
-    def drain_drops(self) -> list[Send]:
+    def drain_drops(self) -> list[ToEngine]:
         self.pending_drops = self.pending_drops[:SMALL_BATCH]
         return super().drain_drops()
 
@@ -113,7 +113,7 @@ class ExplicitAbortUsesHistory(ReferenceFrontendCore):
 
 @mutant("abort_wrong_engine", "ABORT sent to the wrong engine")
 class AbortWrongEngine(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         ranks = sorted(self.engines)
         shifted = {ranks[(ranks.index(r) + 1) % len(ranks)]: ids for r, ids in per_engine.items()}
         return super().abort_frames(shifted)
@@ -121,21 +121,21 @@ class AbortWrongEngine(ReferenceFrontendCore):
 
 @mutant("abort_one_frame_per_id", "one ABORT frame per id (no coalescing)")
 class AbortOneFramePerId(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         return [(self.engines[r].identity, self.codec.encode_abort([rid]))
                 for r, ids in sorted(per_engine.items()) for rid in ids]
 
 
 @mutant("empty_abort_frame", "an empty ABORT frame when nothing is live")
 class EmptyAbortFrame(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         sends = super().abort_frames(per_engine)
         return sends or [(self.engines[min(self.engines)].identity, self.codec.encode_abort([]))]
 
 
 @mutant("duplicate_abort", "every ABORT frame sent twice")
 class DuplicateAbort(ReferenceFrontendCore):
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         sends = super().abort_frames(per_engine)
         return sends + sends
 
@@ -147,7 +147,7 @@ class RepeatedAbortIdFails(ReferenceFrontendCore):
     OutputProcessor.abort_requests with internal ids: the repeat is removed from the
     external-id mapping a second time, ValueError), so every live id of the call runs on."""
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+    def abort(self, request_ids: Iterable[str]) -> list[ToEngine]:
         ids = list(request_ids)
         if len(set(ids)) < len(ids):
             raise FrontendError("list.remove(x): x not in list")
@@ -170,7 +170,7 @@ class AbortMatchesIdPrefix(ReferenceFrontendCore):
     """An explicit abort takes each id as a prefix: every live request whose id starts with
     it is aborted too (a port matching a client id against suffixed engine-side ids)."""
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+    def abort(self, request_ids: Iterable[str]) -> list[ToEngine]:
         ids = list(request_ids)
         wider = [rid for given in ids for rid in self.requests if rid.startswith(given)]
         return super().abort([*ids, *wider])
@@ -181,7 +181,7 @@ class AbortStopsAtUnknownId(ReferenceFrontendCore):
     """Explicit abort stops at the first id it does not know (`break` for `continue`):
     live ids after a finished or unknown one are never aborted."""
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+    def abort(self, request_ids: Iterable[str]) -> list[ToEngine]:
         ids = list(dict.fromkeys(request_ids))
         known = []
         for rid in ids:
@@ -228,7 +228,7 @@ class AbortsBatchedOverOneSecond(ReferenceFrontendCore):
 
     window = 1.0
 
-    def drain_drops(self) -> list[Send]:
+    def drain_drops(self) -> list[ToEngine]:
         if not self.pending_drops:
             self._window_opened: float | None = None
             return super().drain_drops()
@@ -305,7 +305,7 @@ class AbortByExternalId(AddRewritten):
         request = super().session_request(rid, prompt, sampling, resumable=resumable)
         return msgspec.structs.replace(request, external_req_id=self.external.get(rid, rid))
 
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         external = {rank: [self.external.get(rid, rid) for rid in ids]
                     for rank, ids in per_engine.items()}
         if external != per_engine:

@@ -36,7 +36,7 @@ from harness.frontends.reference.core import (
     PendingUtility,
     ReferenceFrontendCore,
     RequestState,
-    Send,
+    ToEngine,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
 from harness.mutation import registry
@@ -359,7 +359,7 @@ class RankUnchecked(ReferenceFrontendCore):
     so the ROUTER drops it and the caller waits forever."""
 
     def add_request(self, prompt: Sequence[int], max_tokens: int,
-                    **options: Any) -> tuple[StreamHandle, Send]:
+                    **options: Any) -> tuple[StreamHandle, ToEngine]:
         data_parallel_rank: int | None = options.get("data_parallel_rank")
         if data_parallel_rank is None or data_parallel_rank in self.engines:
             return super().add_request(prompt, max_tokens, **options)
@@ -400,7 +400,7 @@ class EngineOneUnreachable(ReferenceFrontendCore):
                     data_parallel_rank: int | None = None,
                     stop: Sequence[str] | None = None, request_id: str | None = None,
                     params: Mapping[str, Any] | None = None,
-                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         handle, (_identity, frames) = super().add_request(
             prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
             request_id=request_id, params=params, sampling=sampling)
@@ -441,7 +441,7 @@ class RankCheckedAgainstCount(ReferenceFrontendCore):
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
                          params: Mapping[str, Any] | None = None, resumable: bool = False,
-                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         rank = data_parallel_rank
         options: dict[str, Any] = {"stop": stop, "request_id": request_id,
                                    "params": params, "resumable": resumable,
@@ -511,7 +511,7 @@ class PinnedNotCounted(ReferenceFrontendCore):
     """Requests pinned with data_parallel_rank bypass the in-flight bookkeeping."""
 
     def add_request(self, prompt: Sequence[int], max_tokens: int,
-                    **options: Any) -> tuple[StreamHandle, Send]:
+                    **options: Any) -> tuple[StreamHandle, ToEngine]:
         handle, send = super().add_request(prompt, max_tokens, **options)
         data_parallel_rank: int | None = options.get("data_parallel_rank")
         if data_parallel_rank is not None:
@@ -558,7 +558,7 @@ class InflightResetWhenOneEnds(ReferenceFrontendCore):
 class AbortKeepsRoutingSlot(ReferenceFrontendCore):
     """An explicit abort ends the streams but never releases their routing slots."""
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+    def abort(self, request_ids: Iterable[str]) -> list[ToEngine]:
         ids = list(request_ids)
         ranks = [self.requests[rid].rank for rid in dict.fromkeys(ids)
                  if rid in self.requests]

@@ -27,7 +27,7 @@ from harness.frontends.reference.core import (
     PendingUtility,
     ReferenceFrontendCore,
     RequestState,
-    Send,
+    ToEngine,
 )
 from harness.frontends.reference.sessions import CLOSING_PROMPT, SessionError, SessionState
 from harness.mutation import registry
@@ -44,7 +44,7 @@ class AbortFinishedIds(ReferenceFrontendCore):
     """Remembers ended requests (engine death included) and still aborts them when their
     stream is dropped, in a frame of their own after the drain pass's."""
 
-    def drain_drops(self) -> list[Send]:
+    def drain_drops(self) -> list[ToEngine]:
         late: dict[int, list[str]] = {}
         for rid in self.pending_drops[:MAX_ABORT_BATCH]:
             state = self.request(rid)
@@ -66,7 +66,7 @@ class ClientIndexOnAddOnly(ReferenceFrontendCore):
     """ADDs carry client_index 1 (a copy-pasted API-server index), utilities 0."""
 
     def add_request(self, prompt: Sequence[int], max_tokens: int,
-                    **options: Any) -> tuple[StreamHandle, Send]:
+                    **options: Any) -> tuple[StreamHandle, ToEngine]:
         self.client_index = 1
         try:
             return super().add_request(prompt, max_tokens, **options)
@@ -147,13 +147,13 @@ class SessionMaxTokensDropped(ReferenceFrontendCore):
     max_tokens: the engine applies its own default."""
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         identity, frames = super().session_add(rid, prompt, 16, resumable=resumable)
         return identity, frames
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
                      data_parallel_rank: int | None = None,
-                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         return super().open_session(prompt, 16, data_parallel_rank=data_parallel_rank,
                                     sampling=sampling)
 
@@ -165,7 +165,7 @@ class SessionRankIgnored(ReferenceFrontendCore):
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
                      data_parallel_rank: int | None = None,
-                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         return super().open_session(prompt, max_tokens, sampling=sampling)
 
 
@@ -193,7 +193,7 @@ class ContinuationWaveUnstamped(ReferenceFrontendCore):
     """Continuations leave current_wave at its default: only fresh ADDs are stamped."""
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         wave, self.current_wave = self.current_wave, 0
         try:
             return super().session_add(rid, prompt, max_tokens, resumable=resumable)
@@ -223,7 +223,7 @@ class SegmentsInFlightNotCounted(ReferenceFrontendCore):
     in flight, the first finish makes a later close end the stream at once."""
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
-                         ) -> list[Send]:
+                         ) -> list[ToEngine]:
         sends = super().continue_session(rid, prompt, max_tokens)
         self.open_session_state(rid).segments_running = 1
         return sends
@@ -236,7 +236,7 @@ class ContinuationAfterCloseSent(ReferenceFrontendCore):
     continuation after the close goes out to the engine."""
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
-                         ) -> list[Send]:
+                         ) -> list[ToEngine]:
         state = self.requests.get(rid)
         if state is not None and state.session is not None and state.session.closing:
             state.session.segments_running += 1
@@ -250,7 +250,7 @@ class ContinuationOfAnyLiveRequest(ReferenceFrontendCore):
     """Accepts a continuation for any live request id, session or not."""
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
-                         ) -> list[Send]:
+                         ) -> list[ToEngine]:
         state = self.requests.get(rid)
         if state is not None and state.session is None:
             return [self.session_add(rid, prompt, max_tokens, resumable=True)]
@@ -263,7 +263,7 @@ class EndedSessionStillContinuable(ReferenceFrontendCore):
     sent to the engine it lived on."""
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
-                         ) -> list[Send]:
+                         ) -> list[ToEngine]:
         ended = self.request(rid)
         if rid not in self.requests and ended is not None and ended.session is not None:
             return [self.session_add(rid, prompt, max_tokens, resumable=True)]
@@ -280,7 +280,7 @@ class AddRewritten(ReferenceFrontendCore):
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
                          params: Mapping[str, Any] | None = None, resumable: bool = False,
-                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         handle, (identity, frames) = super().register_request(
             prompt, max_tokens, data_parallel_rank=data_parallel_rank, stop=stop,
             request_id=request_id, params=params, resumable=resumable, sampling=sampling)
@@ -571,7 +571,7 @@ class ContinuationNewId(ReferenceFrontendCore):
     """A continuation goes out under a fresh request id (treated as a new request)."""
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         identity, frames = super().session_add(rid, prompt, max_tokens, resumable=resumable)
         message = self.codec.decode_engine_input(frames)
         if not resumable or not isinstance(message, AddRequest):
@@ -585,7 +585,7 @@ class ContinuationNotResumable(ReferenceFrontendCore):
     """Only the first ADD is marked resumable; continuations go out as plain ADDs."""
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         continuation = tuple(prompt) != CLOSING_PROMPT
         return super().session_add(rid, prompt, max_tokens,
                                    resumable=resumable and not continuation)
@@ -597,7 +597,7 @@ class ContinuationRoutedFresh(ReferenceFrontendCore):
     engine that holds the session."""
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         state = self.requests[rid]
         owner = state.rank
         state.rank = next(r for r in sorted(self.engines, key=lambda r: (r == owner, r)))
@@ -612,7 +612,7 @@ class ContinuationRoutedFresh(ReferenceFrontendCore):
 class CloseEndsAtOnce(ReferenceFrontendCore):
     """Closing the input ends the stream at once, even while a segment still runs."""
 
-    def close_session(self, rid: str) -> list[Send]:
+    def close_session(self, rid: str) -> list[ToEngine]:
         sends = super().close_session(rid)
         if rid in self.requests:
             self._finish(rid, Event.FINAL_OUTPUT, "stop")
@@ -769,7 +769,7 @@ class ContinuationFirstMaxTokens(ReferenceFrontendCore):
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
                      data_parallel_rank: int | None = None,
-                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         handle, send = super().open_session(prompt, max_tokens,
                                             data_parallel_rank=data_parallel_rank,
                                             sampling=sampling)
@@ -778,7 +778,7 @@ class ContinuationFirstMaxTokens(ReferenceFrontendCore):
         return handle, send
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         first = self.first_max_tokens.get(rid, max_tokens) if resumable else max_tokens
         return super().session_add(rid, prompt, first, resumable=resumable)
 

@@ -14,7 +14,7 @@ from harness.frontends.reference.core import (
     EngineDeadError,
     PendingUtility,
     ReferenceFrontendCore,
-    Send,
+    ToEngine,
     UtilityFailed,
 )
 from harness.frontends.reference.frontend import ReferenceFrontend
@@ -35,7 +35,7 @@ class ResetConnectorFlagDropped(ReferenceFrontendCore):
     reset_connector=false (the flag added later, PR #43429, never wired through)."""
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         if method == "reset_prefix_cache" and len(args) == 2:
             args = [args[0], False]
         return super().start_utility(method, args)
@@ -48,7 +48,7 @@ class ResetFlagsSwapped(ReferenceFrontendCore):
     reset_running_requests]): both are booleans, so nothing type-checks the order."""
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         if method == "reset_prefix_cache" and len(args) == 2:
             args = [args[1], args[0]]
         return super().start_utility(method, args)
@@ -131,7 +131,7 @@ class UtilityTimeoutNamesEveryEngine(ReferenceFrontendCore):
     answered set is never consulted)."""
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         call, sends = super().start_utility(method, args)
         mutant = _EveryRankMissing(call.method, call.call_ids)
         for call_id in call.call_ids:
@@ -348,7 +348,7 @@ class WakeUpTagsDropped(ReferenceFrontendCore):
     """wake_up always goes out as wake_up(None): the caller's tags never reach the engines."""
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         return super().start_utility(method, [None] if method == "wake_up" else args)
 
 
@@ -368,7 +368,7 @@ class OptionalUtilityArgsDefaulted(ReferenceFrontendCore):
     timeout and kwargs go out as their defaults whatever the caller asked."""
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         defaults = _OPTIONAL_DEFAULTS.get(method)
         if defaults is not None:
             args = [a if d is _KEEP else d for a, d in zip(args, defaults, strict=False)]
@@ -463,7 +463,7 @@ class UtilityEngineZeroOnly(ReferenceFrontendCore):
     """Sends utilities to the first engine only (what vLLM's offline SyncMPClient does)."""
 
     def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
-                                                                       list[Send]]:
+                                                                       list[ToEngine]]:
         call, sends = super().start_utility(method, args)
         first = min(call.call_ids, key=lambda cid: call.call_ids[cid])
         for cid in [c for c in call.call_ids if c != first]:
@@ -500,7 +500,7 @@ class UtilityReplyToLatestCall(ReferenceFrontendCore):
 @mutant("utility_extra_arg", "utility args carry an extra element")
 class UtilityExtraArg(ReferenceFrontendCore):
     def start_utility(self, method: str, args: Sequence[Any]) -> tuple[PendingUtility,
-                                                                       list[Send]]:
+                                                                       list[ToEngine]]:
         return super().start_utility(method, [*args, self.client_index])
 
 

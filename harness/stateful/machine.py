@@ -20,7 +20,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from harness.cases import helpers as casekit
+from harness.cases import helpers as case_helpers
 from harness.frontends.api import FrontendError, StartupError
 from harness.frontends.reference.core import ReferenceFrontendCore
 from harness.frontends.reference.frontend import CoreFactory
@@ -199,7 +199,7 @@ class FrontendMachine(RuleBasedStateMachine):
         world, model = self._world(), self._model()
         n = self.prompts
         self.prompts += 1
-        prompt = casekit.prompt(n)
+        prompt = case_helpers.prompt(n)
         first = 100 + (n * 5) % 700  # three-digit ids: " tNNN" never prefixes another token
         self.plan[tuple(prompt)] = plan_steps(kind, tokens, reason, interval_ms / 1000, first,
                                               chunk)

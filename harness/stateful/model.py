@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.frontends.api import StreamHandle
-from harness.frontends.reference.core import Send
+from harness.frontends.reference.core import ToEngine
 from harness.protocol.lifecycle import Event, Phase, next_phase
 from harness.protocol.transport.sockets import engine_identity
 from harness.protocol.vocab import detokenize
@@ -120,7 +120,7 @@ class WireModel:
 
     # ------------------------------------------------------------ probe events
 
-    def on_add(self, handle: StreamHandle, send: Send, dp_rank: int | None,
+    def on_add(self, handle: StreamHandle, send: ToEngine, dp_rank: int | None,
                stop: Sequence[str] | None = None) -> None:
         identity, frames = send
         owner, message = self._take_sent("generate", identity, frames)
@@ -163,7 +163,7 @@ class WireModel:
                 [rec.rid for rec in asked if rec.phase is Phase.STOP_PENDING])
 
     def end_abort(self, due: Sequence[str], optional: Sequence[str],
-                  sends: Sequence[Send]) -> None:
+                  sends: Sequence[ToEngine]) -> None:
         carried = self.check_sends("abort", sends, due, optional)
         for rid in due:
             rec = self.requests[rid]
@@ -186,7 +186,7 @@ class WireModel:
         return [rid for rid in dict.fromkeys(self.drop_queue)
                 if rid in self.requests and self.requests[rid].phase.abort_owed]
 
-    def end_drain(self, due: Sequence[str], sends: Sequence[Send]) -> None:
+    def end_drain(self, due: Sequence[str], sends: Sequence[ToEngine]) -> None:
         self.check_sends("drain", sends, due)
         for rid in due:
             rec = self.requests[rid]
@@ -244,7 +244,7 @@ class WireModel:
             self.fail("valid_frames", f"{context} sent an undecodable frame: {exc}")
             return rank, None
 
-    def check_sends(self, context: str, sends: Sequence[Send], due: Sequence[str] | None,
+    def check_sends(self, context: str, sends: Sequence[ToEngine], due: Sequence[str] | None,
                     optional: Sequence[str] = ()) -> collections.Counter[str]:
         """Check every frame a core call handed out; returns how often each id was aborted.
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.frontends.api import StreamHandle
-from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, Send
+from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, ToEngine
 from harness.stateful.model import WireModel
 
 
@@ -28,13 +28,13 @@ def probe_core(core: ReferenceFrontendCore, model: WireModel) -> ReferenceFronte
 
     def probed_add(prompt: Sequence[int], max_tokens: int, *,
                    data_parallel_rank: int | None = None,
-                   stop: Sequence[str] | None = None) -> tuple[StreamHandle, Send]:
+                   stop: Sequence[str] | None = None) -> tuple[StreamHandle, ToEngine]:
         handle, send = add_request(prompt, max_tokens, data_parallel_rank=data_parallel_rank,
                                    stop=stop)
         model.on_add(handle, send, data_parallel_rank, stop)
         return handle, send
 
-    def probed_abort(request_ids: Sequence[str]) -> list[Send]:
+    def probed_abort(request_ids: Sequence[str]) -> list[ToEngine]:
         ids = list(request_ids)
         due, optional = model.begin_abort(ids)
         sends = abort(ids)
@@ -46,13 +46,13 @@ def probe_core(core: ReferenceFrontendCore, model: WireModel) -> ReferenceFronte
         model.on_drop(ids)
         queue_drop(ids)
 
-    def probed_drain() -> list[Send]:
+    def probed_drain() -> list[ToEngine]:
         due = model.begin_drain()
         sends = drain()
         model.end_drain(due, sends)
         return sends
 
-    def probed_utility(method: str, args: Sequence[Any]) -> tuple[PendingUtility, list[Send]]:
+    def probed_utility(method: str, args: Sequence[Any]) -> tuple[PendingUtility, list[ToEngine]]:
         call, sends = start_utility(method, args)
         if model.fe_dead:
             model.fail("fail_fast_after_death", f"utility {method} was started after "

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from harness.frontends.api import StartupError, StreamHandle
-from harness.frontends.reference.core import ReferenceFrontendCore, Send
+from harness.frontends.reference.core import ReferenceFrontendCore, ToEngine
 from harness.frontends.reference.frontend import CoreFactory
 from harness.frontends.reference.waiters import (
     SyncWaiter,
@@ -113,7 +113,7 @@ class SansIOWorld:
 
     # ------------------------------------------------------------ plumbing
 
-    def _send(self, sends: Sequence[Send]) -> None:
+    def _send(self, sends: Sequence[ToEngine]) -> None:
         for identity, frames in sends:
             rank = self._by_identity.get(bytes(identity))
             if rank is not None:  # a ROUTER drops frames for unknown identities

@@ -46,7 +46,7 @@ from harness.frontends.reference.state import (
     EngineState,
     InvalidRequest,
     RequestState,
-    Send,
+    ToEngine,
 )
 from harness.frontends.reference.stop_strings import StopStringRules
 from harness.frontends.reference.utilities import (
@@ -69,7 +69,7 @@ T = TypeVar("T")
 
 __all__ = ["MAX_ABORT_BATCH", "MAX_ENDED", "DuplicateRequestId", "EngineDeadError",
            "EngineState", "InconsistentResults", "InvalidRequest", "PendingUtility",
-           "ReferenceFrontendCore", "RequestState", "Send", "UtilityFailed"]
+           "ReferenceFrontendCore", "RequestState", "ToEngine", "UtilityFailed"]
 
 # Below this temperature vLLM treats a request as greedy (_SAMPLING_EPS, sampling_params.py).
 GREEDY_BELOW = 1e-5
@@ -177,7 +177,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStri
                     data_parallel_rank: int | None = None,
                     stop: Sequence[str] | None = None, request_id: str | None = None,
                     params: Mapping[str, Any] | None = None,
-                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                    sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         """Register a request and return its handle and the ADD to send."""
         return self.register_request(prompt, max_tokens,
                                      data_parallel_rank=data_parallel_rank, stop=stop,
@@ -187,7 +187,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStri
                          data_parallel_rank: int | None = None,
                          stop: Sequence[str] | None = None, request_id: str | None = None,
                          params: Mapping[str, Any] | None = None, resumable: bool = False,
-                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         """add_request's work; `resumable` opens a streaming-input session (sessions.py)."""
         self._check_alive()
         if not self.registered:
@@ -428,7 +428,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStri
                     state.handle.dropped = True
             self.pending_drops.append(rid)
 
-    def drain_drops(self) -> list[Send]:
+    def drain_drops(self) -> list[ToEngine]:
         """One drain pass: at most 1024 queued ids, grouped per engine, never empty."""
         batch, self.pending_drops = (self.pending_drops[:MAX_ABORT_BATCH],
                                      self.pending_drops[MAX_ABORT_BATCH:])
@@ -454,7 +454,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStri
         self._finish(rid, Event.DRAIN, state.handle.finish_reason or "abort")
         return ranks
 
-    def abort(self, request_ids: Iterable[str]) -> list[Send]:
+    def abort(self, request_ids: Iterable[str]) -> list[ToEngine]:
         """Explicit abort: live ids only, streams ended locally first, one frame per engine."""
         self._check_alive()
         return self.abort_frames(self.explicit_abort_batch(list(dict.fromkeys(request_ids))))
@@ -478,7 +478,7 @@ class ReferenceFrontendCore(SessionRules, UtilityRules, HandshakeRules, StopStri
         self._finish(rid, Event.ABORT, "abort")
         return ranks
 
-    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[Send]:
+    def abort_frames(self, per_engine: dict[int, list[str]]) -> list[ToEngine]:
         return [(self.engines[rank].identity, self.codec.encode_abort(ids))
                 for rank, ids in sorted(per_engine.items()) if ids]
 

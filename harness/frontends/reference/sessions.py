@@ -24,7 +24,7 @@ from harness.protocol.wire import WireCodec
 from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
-    from harness.frontends.reference.state import EngineState, RequestState, Send
+    from harness.frontends.reference.state import EngineState, RequestState, ToEngine
 
 # The final ADD's prompt: the engine ignores the prompt of a non-resumable ADD for a live
 # session (StreamingUpdate.from_request returns None), so any valid token list does.
@@ -66,7 +66,7 @@ class SessionRules:
 
     def register_request(self, prompt: Sequence[int], max_tokens: int, *,
                          data_parallel_rank: int | None = None, resumable: bool = False,
-                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                         sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         raise NotImplementedError
 
     def sampling_params(self, max_tokens: int, sampling: Sampling) -> m.SamplingParams:
@@ -76,7 +76,7 @@ class SessionRules:
 
     def open_session(self, prompt: Sequence[int], max_tokens: int, *,
                      data_parallel_rank: int | None = None,
-                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, Send]:
+                     sampling: Sampling = GREEDY) -> tuple[StreamHandle, ToEngine]:
         """The first segment: an ordinary ADD, routed as usual, with resumable=True."""
         return self.register_request(prompt, max_tokens,
                                      data_parallel_rank=data_parallel_rank, resumable=True,
@@ -94,14 +94,14 @@ class SessionRules:
         return state.session
 
     def continue_session(self, rid: str, prompt: Sequence[int], max_tokens: int
-                         ) -> list[Send]:
+                         ) -> list[ToEngine]:
         """A continuation: the same id, resumable=True, to the engine that holds it."""
         self._check_alive()
         session = self.open_session_state(rid)
         session.segments_running += 1
         return [self.session_add(rid, prompt, max_tokens, resumable=True)]
 
-    def close_session(self, rid: str) -> list[Send]:
+    def close_session(self, rid: str) -> list[ToEngine]:
         """The final (non-resumable) ADD; with no segment running the stream ends now with
         the last segment's finish reason, else when the running segment finishes."""
         self._check_alive()
@@ -113,7 +113,7 @@ class SessionRules:
         return [send]
 
     def session_add(self, rid: str, prompt: Sequence[int], max_tokens: int, *,
-                    resumable: bool) -> Send:
+                    resumable: bool) -> ToEngine:
         """A continuation or the close: an ADD of the session's id to the engine holding it."""
         state = self.request(rid)
         if state is None:

@@ -15,10 +15,11 @@ from harness.frontends.reference.sessions import SessionState
 from harness.protocol.lifecycle import Phase
 from harness.protocol.wire import messages as m
 
-Send = tuple[bytes, list[bytes]]  # (engine identity, frames after the identity)
+# What the core sends: one message for one engine, (its identity, the frames after it).
+ToEngine = tuple[bytes, list[bytes]]
 
 __all__ = ["DuplicateRequestId", "EngineDeadError", "EngineState", "InvalidRequest",
-           "RequestState", "Send"]
+           "RequestState", "ToEngine"]
 
 
 class EngineDeadError(FrontendError):

@@ -21,7 +21,7 @@ from harness.protocol.wire import WireCodec
 from harness.protocol.wire import messages as m
 
 if TYPE_CHECKING:
-    from harness.frontends.reference.state import EngineState, Send
+    from harness.frontends.reference.state import EngineState, ToEngine
 
 
 class Aggregation(enum.Enum):
@@ -111,11 +111,11 @@ class UtilityRules:
         raise NotImplementedError
 
     def start_utility(self, method: str, args: Sequence[Any]
-                      ) -> tuple[PendingUtility, list[Send]]:
+                      ) -> tuple[PendingUtility, list[ToEngine]]:
         """Fan a utility call out to every engine, each with its own call id."""
         self._check_alive()
         call = PendingUtility(method, {})
-        sends: list[Send] = []
+        sends: list[ToEngine] = []
         for rank in sorted(self.engines):
             call_id = next(self._call_ids)
             call.call_ids[call_id] = rank

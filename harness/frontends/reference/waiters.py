@@ -24,7 +24,7 @@ from harness.frontends.api import FrontendError
 if TYPE_CHECKING:  # annotations only: reference/frontend.py imports this module, and
     # importing reference.core runs reference/__init__, which imports frontend.py: a cycle
     # when this module is imported first (tests/test_core_io.py run on its own).
-    from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, Send
+    from harness.frontends.reference.core import PendingUtility, ReferenceFrontendCore, ToEngine
 
 
 class Waiter(Protocol):
@@ -79,7 +79,7 @@ class UtilityWaiters(Generic[W]):
 
     @contextmanager
     def call(self, core: ReferenceFrontendCore, method: str, args: Sequence[Any],
-             waiter: W) -> Iterator[tuple[PendingUtility, list[Send]]]:
+             waiter: W) -> Iterator[tuple[PendingUtility, list[ToEngine]]]:
         """Start a fanned-out call with `waiter` registered; on exit (reply, timeout or
         cancellation) unregister both, so a late reply is dropped as unknown."""
         call, sends = core.start_utility(method, args)
@@ -103,7 +103,7 @@ def take_output(core: ReferenceFrontendCore, frames: Sequence[bytes],
     return bool(core.pending_drops)
 
 
-def drain_pass(core: ReferenceFrontendCore) -> tuple[list[Send], bool]:
+def drain_pass(core: ReferenceFrontendCore) -> tuple[list[ToEngine], bool]:
     """One pass of the abort drain loop: the frames to send, and whether ids are left."""
     sends = core.drain_drops()
     return sends, bool(core.pending_drops)
