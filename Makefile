@@ -95,7 +95,7 @@ spec: $(CORE_STAMP)
 	$(BIN)/python scripts/gen_coverage.py
 	$(BIN)/python scripts/gen_spec.py
 
-# The full kill matrix: every case x every hand-written mutant (harness/frontends/mutants.py),
+# The full kill matrix: every case x every hand-written mutant (conformance/<area>/mutants.py),
 # recorded in fixtures/kill-matrix.json (commit it) and reports/kill-matrix.md. make test
 # re-verifies only a proof drawn from the record (tests/test_mutants.py).
 # `make mutants KILL_MATRIX_ARGS=--incremental` runs only the pairs with a new mutant or case.
@@ -104,8 +104,8 @@ KILL_MATRIX_ARGS ?=
 mutants: $(CORE_STAMP)
 	$(BIN)/python scripts/kill_matrix.py --workers $(MUTANT_WORKERS) $(KILL_MATRIX_ARGS)
 
-# The history mutants (bug classes from vLLM's own history, HISTORY_MUTANTS in
-# harness/frontends/mutants.py; not in the kill matrix): the whole suite against each, one
+# The history mutants (bug classes from vLLM's own history, history=True in
+# conformance/<area>/mutants.py; not in the kill matrix): the whole suite against each, one
 # at a time, with the firing check; recorded in fixtures/history-mutants.json (commit it),
 # summarised in docs/mutation-history.md. `make history-mutants HISTORY_ARGS=NAME` re-runs one.
 HISTORY_ARGS ?=

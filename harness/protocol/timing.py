@@ -7,7 +7,7 @@ one by one.
 The factor is a value, not ambient state: the entry points (the pytest plugin, `corewire
 run`, the stateful CLI, a driver program) read the user's input once (`Timescale.from_user`,
 `Timescale.from_environment`) and hand the `Timescale` down -- CaseContext.t(), every
-driver (`FrontendDriver.timescale`, set by harness/frontends/registry.py), the stateful
+driver (`FrontendDriver.timescale`, set by harness/frontends/table.make_driver), the stateful
 worlds. Nothing below them reads the environment, and nothing writes it: a driver program
 gets COREWIRE_TIMESCALE in its own child environment (`Timescale.child_env`).
 
