@@ -70,7 +70,7 @@ def bench_mock(per_message: int, tokens: int, engines: int = 1) -> Run:
     ctx: Ctx = zmq.Context()
     ipc = PrivateIpcDir()
     router, pull = make_socket(ctx, zmq.ROUTER), make_socket(ctx, zmq.PULL)
-    group = EngineGroup([_load_script() for _ in range(engines)])
+    group = EngineGroup([_load_script() for _ in range(engines)], codec=DEFAULT_CODEC)
     try:
         inputs, outputs = [ipc.address("in")], [ipc.address("out")]
         router.bind(inputs[0])
@@ -179,7 +179,7 @@ def bench_group_start(ranks: int) -> float:
         router.bind(inputs[0])
         pull.bind(outputs[0])
         start = time.monotonic()
-        group = EngineGroup(ranks)
+        group = EngineGroup(ranks, codec=DEFAULT_CODEC)
         group.start_bootstrapped(inputs, outputs)
         seen: set[bytes] = set()
         deadline = start + 30

@@ -24,13 +24,10 @@ from typing import Any, NamedTuple
 
 from harness.protocol.lifecycle import Event, LifecycleError, Phase, Role, next_phase
 from harness.protocol.wire import (
-    DEFAULT_CODEC,
     AbortRequests,
     AddRequest,
     ProtocolError,
-    ProtocolProfile,
     WireCodec,
-    codec_for,
 )
 from harness.protocol.wire import messages as m
 from mock_engines.loadgen import LoadStepper
@@ -87,13 +84,12 @@ class MockEngineCore:
     """The engine role of the protocol for one rank, driven by an `EngineScript`."""
 
     def __init__(self, rank: int, script: EngineScript | None = None, *,
-                 codec: WireCodec = DEFAULT_CODEC, transcript: Transcript | None = None,
-                 dp_size: int = 1, profile: ProtocolProfile | None = None) -> None:
-        """`profile` (a vLLM release's protocol) picks the codec; `codec` is the older
-        spelling of the same choice, and both at once must agree."""
+                 codec: WireCodec, transcript: Transcript | None = None,
+                 dp_size: int = 1) -> None:
+        """`codec`: the protocol this engine speaks (`codec_for(profile)`)."""
         self.rank = rank
         self.script = script or EngineScript()
-        self.codec = resolve_codec(codec, profile)
+        self.codec = codec
         self.transcript = transcript if transcript is not None \
             else Transcript(codec=self.codec, retain=self.script.retain_transcript)
         self.dp_size = dp_size
@@ -491,11 +487,3 @@ def _delay(step: Step) -> float:
     return step.delay
 
 
-def resolve_codec(codec: WireCodec, profile: ProtocolProfile | None) -> WireCodec:
-    """The codec an engine speaks: the profile's, else the given codec."""
-    if profile is None:
-        return codec
-    if codec is not DEFAULT_CODEC and codec.profile is not profile:
-        raise ValueError(f"codec of profile {codec.profile.name!r} given with profile "
-                         f"{profile.name!r}")
-    return codec_for(profile)

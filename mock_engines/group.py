@@ -18,9 +18,9 @@ from types import TracebackType
 import zmq
 
 from harness.protocol.transport.sockets import make_socket
-from harness.protocol.wire import DEFAULT_CODEC, ProtocolProfile, WireCodec
+from harness.protocol.wire import WireCodec
 from harness.protocol.wire import messages as m
-from mock_engines.engine import MockEngineCore, resolve_codec, scripted_load
+from mock_engines.engine import MockEngineCore, scripted_load
 from mock_engines.runner import Bootstrapped, Connection, EngineRunner, Handshake
 from mock_engines.script import EngineScript
 from mock_engines.transcript import MergedTranscript, Record, Transcript
@@ -32,11 +32,9 @@ class MockEngine:
     """One scripted DP rank: its state machine, its socket thread and its transcript."""
 
     def __init__(self, rank: int, script: EngineScript, ctx: zmq.Context[zmq.Socket[bytes]],
-                 *, codec: WireCodec = DEFAULT_CODEC, dp_size: int = 1,
-                 profile: ProtocolProfile | None = None) -> None:
+                 *, codec: WireCodec, dp_size: int = 1) -> None:
         self.rank = rank
         self.script = script
-        codec = resolve_codec(codec, profile)
         self.transcript = Transcript(codec=codec, retain=script.retain_transcript)
         self.core = MockEngineCore(rank, script, codec=codec, transcript=self.transcript,
                                    dp_size=dp_size)
@@ -130,7 +128,7 @@ class MockCoordinator:
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str,
-                 engines: Sequence[MockEngine], *, codec: WireCodec = DEFAULT_CODEC,
+                 engines: Sequence[MockEngine], *, codec: WireCodec,
                  interval: float = 0.1) -> None:
         self.address = address
         self.transcript = Transcript(codec=codec)
@@ -235,16 +233,14 @@ class MockCoordinator:
 class EngineGroup:
     """N mock engines (DP ranks 0..N-1) plus, for DP, a mock coordinator."""
 
-    def __init__(self, scripts: Sequence[EngineScript] | int, *,
-                 codec: WireCodec = DEFAULT_CODEC, coordinator_address: str | None = None,
-                 rank_offset: int = 0, profile: ProtocolProfile | None = None) -> None:
-        """`profile`: the vLLM release whose protocol every engine speaks (default
-        vllm-0.33): array layouts, ready keys, sentinel."""
+    def __init__(self, scripts: Sequence[EngineScript] | int, *, codec: WireCodec,
+                 coordinator_address: str | None = None, rank_offset: int = 0) -> None:
+        """`codec`: the protocol every engine speaks (`codec_for(profile)`: a vLLM
+        release's array layouts, ready keys, sentinel), chosen by the run's settings."""
         if isinstance(scripts, int):
             scripts = [EngineScript() for _ in range(scripts)]
         if not scripts:
             raise ValueError("an engine group needs at least one engine")
-        codec = resolve_codec(codec, profile)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.codec = codec
         self.profile = codec.profile

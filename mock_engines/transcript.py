@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from harness.protocol.timing import poll_until
 from harness.protocol.wire import (
-    DEFAULT_CODEC,
     AbortRequests,
     AddRequest,
     ProtocolError,
@@ -88,7 +87,7 @@ class Transcript:
     records: list[Record | _RawOutput] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Decodes the raw outputs on first read: the codec of the run's protocol profile.
-    codec: WireCodec = field(default=DEFAULT_CODEC, repr=False)
+    codec: WireCodec = field(kw_only=True, repr=False)
     retain: bool = True
     counters: TranscriptCounters = field(default_factory=TranscriptCounters)
     # prompt -> (rank, request id) of each ADD carrying it, in arrival order: cases look
@@ -223,7 +222,7 @@ class MergedTranscript(Transcript):
     """A read-only view over several engines' transcripts, merged by time."""
 
     def __init__(self, parts: list[Transcript]) -> None:
-        super().__init__()
+        super().__init__(codec=parts[0].codec)
         self._parts = parts
 
     def append(self, record: Record) -> None:

@@ -16,7 +16,7 @@ def ready_core(ranks: Sequence[int] = (0, 1)) -> ReferenceFrontendCore:
     core = ReferenceFrontendCore(list(ranks), codec=DEFAULT_CODEC)
     for rank in ranks:
         engine = MockEngineCore(rank, EngineScript(ready=default_ready(rank, len(ranks))),
-                                dp_size=len(ranks))
+                                dp_size=len(ranks), codec=DEFAULT_CODEC)
         core.on_ready(engine_identity(rank), engine.ready_payload())
     assert core.registered
     return core

@@ -47,7 +47,7 @@ def _add(transcript: Transcript, rank: int, rid: str, prompt_ids: list[int],
 def _group() -> _Group:
     """Engines listed 2, 0, 1; stream i went to engine i % ENGINES; prompt 0 also reached
     engine 0 a second time, and the last engine listed once more, later."""
-    engines = [_Engine(rank, Transcript()) for rank in (2, 0, 1)]
+    engines = [_Engine(rank, Transcript(codec=DEFAULT_CODEC)) for rank in (2, 0, 1)]
     by_rank = {e.rank: e for e in engines}
     for i in range(STREAMS):
         _add(by_rank[i % ENGINES].transcript, i % ENGINES, f"r{i}", prompt(i), float(i))
@@ -103,7 +103,7 @@ def test_polling_request_for_never_snapshots(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_prompt_index_skips_non_adds_and_missing_prompts() -> None:
-    transcript = Transcript()
+    transcript = Transcript(codec=DEFAULT_CODEC)
     params = m.SamplingParams(temperature=0.0, max_tokens=1)
     embeds_only = m.EngineCoreRequest("e", None, None, params, None, 1.0, None, None, None)
     transcript.append(Record(0.0, 0, "in", "input", (), AddRequest(embeds_only)))

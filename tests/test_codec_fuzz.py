@@ -318,7 +318,7 @@ def _short_script() -> EngineScript:
 
 
 def test_mock_engine_core_survives_mutated_frames() -> None:
-    core = MockEngineCore(0, _short_script())
+    core = MockEngineCore(0, _short_script(), codec=DEFAULT_CODEC)
     inputs = _mutated_inputs(N_MUTATED, seed=20240611)
     expected = _expected_rejections(inputs)
     assert expected > N_MUTATED // 4, "the mutations should mostly produce invalid frames"
@@ -355,7 +355,7 @@ def _recv(sock: zmq.Socket[bytes], deadline: float) -> Frames | None:
 def test_engine_group_survives_mutated_frames_over_ipc() -> None:
     inputs = _mutated_inputs(N_MUTATED, seed=777)
     expected = _expected_rejections(inputs)
-    with PrivateIpcDir() as ipc, EngineGroup([_short_script()]) as group:
+    with PrivateIpcDir() as ipc, EngineGroup([_short_script()], codec=DEFAULT_CODEC) as group:
         ctx = group.ctx
         router = make_socket(ctx, zmq.ROUTER)
         pull = make_socket(ctx, zmq.PULL)

@@ -88,7 +88,7 @@ def _ready(cls: type[ReferenceFrontendCore] = ReferenceFrontendCore,
     core = cls(list(ranks), codec=DEFAULT_CODEC)
     for rank in ranks:
         engine = MockEngineCore(rank, EngineScript(ready=default_ready(rank, len(ranks))),
-                                dp_size=len(ranks))
+                                dp_size=len(ranks), codec=DEFAULT_CODEC)
         core.on_ready(engine_identity(rank), engine.ready_payload())
     return core
 

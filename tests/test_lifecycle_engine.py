@@ -172,7 +172,7 @@ def refused(core: MockEngineCore) -> list[tuple[Phase, Event, str | None]]:
 
 def test_duplicate_add_of_a_live_id_is_recorded_and_ignored() -> None:
     core = MockEngineCore(0, EngineScript(rules=[any_request(
-        [Emit([100]), Finish(m.FinishReason.LENGTH, [101])])]))
+        [Emit([100]), Finish(m.FinishReason.LENGTH, [101])])]), codec=DEFAULT_CODEC)
     add(core, request("r"))
     add(core, request("r"))
     assert [r.request_id for r in core.transcript.adds()] == ["r", "r"]  # the evidence
@@ -184,7 +184,8 @@ def test_duplicate_add_of_a_live_id_is_recorded_and_ignored() -> None:
 
 def test_late_and_repeated_aborts_are_recorded_and_ignored() -> None:
     core = MockEngineCore(0, EngineScript(report_finished=True, rules=[
-        by_id("done", [Finish(m.FinishReason.STOP, [7])]), any_request([Emit([100])])]))
+        by_id("done", [Finish(m.FinishReason.STOP, [7])]), any_request([Emit([100])])]),
+                codec=DEFAULT_CODEC)
     add(core, request("done"))
     add(core, request("held"))
     first = core.poll(T0)
@@ -202,7 +203,7 @@ def test_late_and_repeated_aborts_are_recorded_and_ignored() -> None:
 
 def test_an_ended_id_added_again_runs_afresh() -> None:
     core = MockEngineCore(0, EngineScript(rules=[any_request([Finish(m.FinishReason.LENGTH,
-                                                                     [5])])]))
+                                                                     [5])])]), codec=DEFAULT_CODEC)
     add(core, request("r"))
     assert deltas(core.poll(T0)) == [("r", [5], m.FinishReason.LENGTH)]
     add(core, request("r"))
@@ -211,7 +212,7 @@ def test_an_ended_id_added_again_runs_afresh() -> None:
 
 
 def test_abort_immediately_and_silent_requests_are_held_then_aborted() -> None:
-    core = MockEngineCore(0, EngineScript(rules=[by_id("silent", [])]))
+    core = MockEngineCore(0, EngineScript(rules=[by_id("silent", [])]), codec=DEFAULT_CODEC)
     add(core, request("gone", abort_immediately=True))
     add(core, request("silent"))
     assert core.phase_of("gone") is P.ABORTED and core.phase_of("silent") is P.OPEN
@@ -225,7 +226,7 @@ def test_abort_immediately_and_silent_requests_are_held_then_aborted() -> None:
 def test_retire_and_death_move_held_requests_only() -> None:
     core = MockEngineCore(0, EngineScript(rules=[
         by_id("quiet", [FinishedOnly()]), by_id("done", [Finish(m.FinishReason.STOP, [1])]),
-        any_request([Emit([1]), Die(delay=1.0)])]))
+        any_request([Emit([1]), Die(delay=1.0)])]), codec=DEFAULT_CODEC)
     for rid in ("quiet", "done", "victim"):
         add(core, request(rid))
     core.poll(T0)
@@ -241,7 +242,8 @@ def test_retire_and_death_move_held_requests_only() -> None:
 
 def test_a_session_moves_through_segments_and_closes() -> None:
     seg = [Emit([10]), Finish(m.FinishReason.STOP, [11])]
-    core = MockEngineCore(0, EngineScript(report_finished=True, rules=[any_request(seg)]))
+    core = MockEngineCore(0, EngineScript(report_finished=True, rules=[any_request(seg)]),
+            codec=DEFAULT_CODEC)
     add(core, request("s", resumable=True))
     assert core.phase_of("s") is P.SEGMENT
     add(core, request("s", resumable=True))  # arrives while the segment runs: queued
@@ -260,7 +262,7 @@ def test_a_session_moves_through_segments_and_closes() -> None:
 
 def test_a_session_between_segments_is_aborted_once() -> None:
     core = MockEngineCore(0, EngineScript(rules=[any_request(
-        [Finish(m.FinishReason.LENGTH, [3])])]))
+        [Finish(m.FinishReason.LENGTH, [3])])]), codec=DEFAULT_CODEC)
     add(core, request("s", resumable=True))
     core.poll(T0)
     assert core.phase_of("s") is P.AWAITING_INPUT
@@ -271,14 +273,15 @@ def test_a_session_between_segments_is_aborted_once() -> None:
 
 def test_an_error_ends_the_whole_session() -> None:
     core = MockEngineCore(0, EngineScript(rules=[any_request(
-        [Finish(m.FinishReason.ERROR, error=m.RequestError("internal_error", "x"))])]))
+        [Finish(m.FinishReason.ERROR, error=m.RequestError("internal_error", "x"))])]),
+                codec=DEFAULT_CODEC)
     add(core, request("s", resumable=True))
     core.poll(T0)
     assert core.phase_of("s") is P.FINISHED
 
 
 def test_refused_evidence_is_bounded() -> None:
-    core = MockEngineCore(0)
+    core = MockEngineCore(0, codec=DEFAULT_CODEC)
     abort(core, *(f"ghost-{i}" for i in range(REFUSED_KEPT + 50)))
     assert len(core.refused) == REFUSED_KEPT
     assert core.refused[-1].request_id == f"ghost-{REFUSED_KEPT + 49}"

@@ -98,7 +98,7 @@ def test_record_steps_keeps_add_and_first_output_times() -> None:
 
 def test_core_in_load_mode_and_counters_transcript() -> None:
     script = EngineScript(load=LoadMode(), retain_transcript=False)
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     core.receive(DEFAULT_CODEC.encode_add(_request("a", 10)), 1.0)
     core.receive(DEFAULT_CODEC.encode_add(_request("b", 10)), 1.0)
     assert core.counts() == (0, 2)
@@ -114,7 +114,7 @@ def test_core_in_load_mode_and_counters_transcript() -> None:
 
 
 def test_full_transcript_is_the_default() -> None:
-    transcript = Transcript()
+    transcript = Transcript(codec=DEFAULT_CODEC)
     transcript.append(Record(1.0, 0, "in", "input", (b"\x01",), AbortRequests(["x"])))
     transcript.append(Record(1.0, 0, "in", "input", (b"\x00",), AddRequest(_request("a", 1))))
     assert len(transcript) == 2 and transcript.aborted_ids() == ["x"]

@@ -95,7 +95,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 
 def test_default_script_streams_max_tokens_then_length() -> None:
-    core = MockEngineCore(3)
+    core = MockEngineCore(3, codec=DEFAULT_CODEC)
     add(core, request("r", max_tokens=3))
     assert core.counts() == (0, 1)
     steps = [core.poll(T0) for _ in range(3)]
@@ -128,7 +128,7 @@ def test_rules_by_prompt_index_and_id_first_match_wins() -> None:
         by_index(2, [Finish(m.FinishReason.LENGTH, [42])]),
         any_request([Finish(m.FinishReason.LENGTH, [1])]),
     ])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("a", [7, 7]))  # index 0: prompt rule
     add(core, request("special", [7, 7]))  # index 1: id rule listed first wins
     add(core, request("c", [5]))  # index 2: index rule
@@ -144,14 +144,14 @@ def test_rules_by_prompt_index_and_id_first_match_wins() -> None:
 
 def test_step_factory_and_stream_helper() -> None:
     script = EngineScript(rules=[any_request(lambda r: stream(r.prompt_token_ids or []))])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("r", [4, 5, 6]))
     got = deltas(run_until_idle(core, T0))
     assert got == [("r", [4], None), ("r", [5], None), ("r", [6], m.FinishReason.LENGTH)]
 
 
 def test_one_step_per_request_per_poll_batched_per_client() -> None:
-    core = MockEngineCore(0, EngineScript(rules=[any_request(stream([1, 2]))]))
+    core = MockEngineCore(0, EngineScript(rules=[any_request(stream([1, 2]))]), codec=DEFAULT_CODEC)
     add(core, request("a"))
     add(core, request("b"))
     add(core, request("c", client_index=1))
@@ -163,7 +163,7 @@ def test_one_step_per_request_per_poll_batched_per_client() -> None:
 def test_delays_follow_explicit_now() -> None:
     script = EngineScript(rules=[any_request([Emit([1], delay=0.5), Emit([2], delay=0.25),
                                               Finish(m.FinishReason.STOP, [3], delay=1.0)])])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("r"), now=T0)
     assert core.next_deadline() == T0 + 0.5
     assert core.poll(T0) == [] and core.poll(T0 + 0.49) == []
@@ -176,7 +176,8 @@ def test_delays_follow_explicit_now() -> None:
 
 
 def test_late_poll_emits_one_step_only() -> None:
-    core = MockEngineCore(0, EngineScript(rules=[any_request(stream([1, 2, 3], 0.1))]))
+    core = MockEngineCore(0, EngineScript(rules=[any_request(stream([1, 2, 3], 0.1))]),
+            codec=DEFAULT_CODEC)
     add(core, request("r"))
     # Far past every deadline: still one step per poll, as a real engine schedules.
     assert deltas(core.poll(T0 + 10)) == [("r", [1], None)]
@@ -190,7 +191,7 @@ def test_finish_carries_error_kv_params_and_stop_reason() -> None:
         by_id("k", [Finish(m.FinishReason.STOP, [2], stop_reason=2,
                            kv_transfer_params={"do_remote_decode": True})]),
     ])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("e"))
     add(core, request("k"))
     outs = {o.request_id: o for msg in outputs_of(core.poll(T0)) for o in msg.outputs}
@@ -202,7 +203,7 @@ def test_finish_carries_error_kv_params_and_stop_reason() -> None:
 
 def test_die_sends_dead_to_all_clients_and_goes_silent() -> None:
     script = EngineScript(rules=[any_request([Emit([1]), Die(delay=0.1)])])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("r"))
     assert deltas(core.poll(T0)) == [("r", [1], None)]
     items = core.poll(T0 + 0.1)
@@ -218,7 +219,7 @@ def test_die_sends_dead_to_all_clients_and_goes_silent() -> None:
 def test_garbage_step_is_sent_and_recorded_then_stream_continues() -> None:
     script = EngineScript(rules=[any_request([Garbage((b"\xc1junk", b"x")),
                                               Finish(m.FinishReason.LENGTH, [5])])])
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("r", client_index=1))
     items = core.poll(T0)
     assert [(o.client_index, o.frames) for o in items] == [(1, [b"\xc1junk", b"x"])]
@@ -230,7 +231,7 @@ def test_garbage_step_is_sent_and_recorded_then_stream_continues() -> None:
 
 
 def test_inject_dead_and_garbage() -> None:
-    core = MockEngineCore(0)
+    core = MockEngineCore(0, codec=DEFAULT_CODEC)
     core.inject_garbage(T0, [b"\x00"], client_index=2)
     assert core.next_deadline() == 0.0
     assert [(o.client_index, o.frames) for o in core.poll(T0)] == [(2, [b"\x00"])]
@@ -248,7 +249,7 @@ def test_utility_replies_value_failure_delay_never_and_unscripted() -> None:
         "wake_up": UtilityReply(True, delay=2.0),
         "pause_generation": UtilityReply(never=True),
     })
-    core = MockEngineCore(1, script)
+    core = MockEngineCore(1, script, codec=DEFAULT_CODEC)
     for call_id, method in enumerate(["is_sleeping", "get_weight_version", "sleep", "wake_up",
                                       "pause_generation", "frobnicate"]):
         core.receive(C.encode_utility(1, call_id, method, []), T0)
@@ -273,7 +274,7 @@ def test_utility_replies_value_failure_delay_never_and_unscripted() -> None:
 
 
 def test_utility_result_none_keeps_wrapper() -> None:
-    core = MockEngineCore(0)
+    core = MockEngineCore(0, codec=DEFAULT_CODEC)
     core.receive(C.encode_utility(0, 9, "reset_mm_cache", []), T0)
     (msg,) = outputs_of(core.poll(T0))
     assert msg.utility_output == m.UtilityOutput(9, None, m.UtilityResult(None, None))
@@ -283,7 +284,7 @@ def test_utility_result_none_keeps_wrapper() -> None:
 def test_abort_live_finished_unknown() -> None:
     script = EngineScript(rules=[by_id("done", [Finish(m.FinishReason.LENGTH, [1])])],
                           default=lambda _r: stream(list(range(50))))
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("live"))
     add(core, request("done"))
     core.poll(T0)
@@ -302,7 +303,7 @@ def test_report_finished_lists_finished_and_aborted_ids() -> None:
     script = EngineScript(report_finished=True, rules=[
         by_id("quick", [Finish(m.FinishReason.STOP, [2])])],
         default=lambda _r: stream(list(range(50))))
-    core = MockEngineCore(0, script)
+    core = MockEngineCore(0, script, codec=DEFAULT_CODEC)
     add(core, request("quick"))
     add(core, request("slow"))
     add(core, request("other", client_index=1))
@@ -319,7 +320,8 @@ def test_report_finished_lists_finished_and_aborted_ids() -> None:
 
 
 def test_duplicate_add_and_abort_immediately() -> None:
-    core = MockEngineCore(0, EngineScript(default=lambda _r: stream(list(range(10)))))
+    core = MockEngineCore(0, EngineScript(default=lambda _r: stream(list(range(10)))),
+            codec=DEFAULT_CODEC)
     add(core, request("r"))
     add(core, request("r"))
     add(core, request("gone", abort_immediately=True))
@@ -328,7 +330,7 @@ def test_duplicate_add_and_abort_immediately() -> None:
 
 
 def test_malformed_input_recorded_engine_keeps_serving() -> None:
-    core = MockEngineCore(0)
+    core = MockEngineCore(0, codec=DEFAULT_CODEC)
     core.receive([b"\x09", b"\x90"], T0)
     core.receive([b"\x00", b"\xc1"], T0)
     errors = core.transcript.protocol_errors()
@@ -338,17 +340,18 @@ def test_malformed_input_recorded_engine_keeps_serving() -> None:
 
 
 def test_ready_payload_default_override_and_raw() -> None:
-    default = C.decode_ready(MockEngineCore(2, dp_size=4).ready_payload())
+    default = C.decode_ready(MockEngineCore(2, dp_size=4, codec=DEFAULT_CODEC).ready_payload())
     assert default is not None
     assert (default.data_parallel_rank, default.data_parallel_size) == (2, 4)
     custom = EngineScript(ready=default_ready(0, max_model_len=77, supports_lora=True))
-    ready = C.decode_ready(MockEngineCore(0, custom).ready_payload())
+    ready = C.decode_ready(MockEngineCore(0, custom, codec=DEFAULT_CODEC).ready_payload())
     assert ready is not None and (ready.max_model_len, ready.supports_lora) == (77, True)
-    assert MockEngineCore(0, EngineScript(ready_payload=b"")).ready_payload() == b""
+    assert MockEngineCore(0, EngineScript(ready_payload=b""),
+            codec=DEFAULT_CODEC).ready_payload() == b""
 
 
 def test_transcript_json_view() -> None:
-    core = MockEngineCore(0)
+    core = MockEngineCore(0, codec=DEFAULT_CODEC)
     add(core, request("r", max_tokens=1))
     core.receive([b"\x07"], T0)
     core.poll(T0)
@@ -448,7 +451,8 @@ def _engine_threads() -> list[threading.Thread]:
 
 
 def test_bootstrapped_add_and_utility(frontend: FrontendSide) -> None:
-    with EngineGroup([EngineScript(rules=[any_request(stream([4, 5, 6]))])]) as group:
+    with EngineGroup([EngineScript(rules=[any_request(stream([4, 5, 6]))])],
+            codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         identity, payload = frontend.ready()
         assert identity == engine_identity(0)
@@ -465,7 +469,7 @@ def test_bootstrapped_add_and_utility(frontend: FrontendSide) -> None:
 
 def test_bootstrapped_two_clients_and_two_ranks(two_clients: FrontendSide) -> None:
     fe = two_clients
-    with EngineGroup(2) as group:
+    with EngineGroup(2, codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(fe.inputs, fe.outputs)
         for client in (0, 1):
             idents = {fe.ready(client)[0], fe.ready(client)[0]}
@@ -483,7 +487,7 @@ def test_handshake_mode(frontend: FrontendSide) -> None:
     hs_addr = frontend.ipc.address("hs")
     launcher.bind(hs_addr)
     try:
-        with EngineGroup(1) as group:
+        with EngineGroup(1, codec=DEFAULT_CODEC) as group:
             group.start_handshake(hs_addr, local=True, headless=False, timeout=5.0)
             hello = frontend.recv(launcher)
             assert hello is not None and hello[0] == engine_identity(0)
@@ -510,7 +514,7 @@ def test_handshake_timeout_is_a_recorded_failure(frontend: FrontendSide) -> None
     hs_addr = frontend.ipc.address("hs")
     launcher.bind(hs_addr)
     try:
-        with EngineGroup(1) as group:
+        with EngineGroup(1, codec=DEFAULT_CODEC) as group:
             group.start_handshake(hs_addr, timeout=0.2)
             assert frontend.recv(launcher) is not None  # HELLO, never answered
             assert wait_until(lambda: bool(group.failures()))
@@ -521,7 +525,7 @@ def test_handshake_timeout_is_a_recorded_failure(frontend: FrontendSide) -> None
 
 
 def test_unregistered_engine(frontend: FrontendSide) -> None:
-    with EngineGroup([EngineScript(register=False)]) as group:
+    with EngineGroup([EngineScript(register=False)], codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         assert group.wait_registered(1.0)  # nothing scripted to register
         assert frontend.recv(frontend.routers[0], timeout=0.1) is None
@@ -531,7 +535,7 @@ def test_coordinator_publishes_stats(frontend: FrontendSide) -> None:
     addr = frontend.ipc.address("stats")
     sub = make_socket(frontend.ctx, zmq.SUB)
     try:
-        with EngineGroup(2, coordinator_address=addr) as group:
+        with EngineGroup(2, coordinator_address=addr, codec=DEFAULT_CODEC) as group:
             group.start_bootstrapped(frontend.inputs, frontend.outputs)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(addr)
@@ -545,7 +549,7 @@ def test_coordinator_publishes_stats(frontend: FrontendSide) -> None:
 
 
 def test_fault_send_dead_and_garbage(frontend: FrontendSide) -> None:
-    with EngineGroup(1) as group:
+    with EngineGroup(1, codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         frontend.ready()
         group[0].send_garbage([b"\xc1", b"two"])
@@ -558,7 +562,7 @@ def test_fault_send_dead_and_garbage(frontend: FrontendSide) -> None:
 
 
 def test_fault_stop_and_resume_reading(frontend: FrontendSide) -> None:
-    with EngineGroup(1) as group:
+    with EngineGroup(1, codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         identity, _ = frontend.ready()
         group[0].stop_reading()
@@ -573,7 +577,7 @@ def test_fault_stop_and_resume_reading(frontend: FrontendSide) -> None:
 
 
 def test_fault_close_sockets(frontend: FrontendSide) -> None:
-    with EngineGroup(1) as group:
+    with EngineGroup(1, codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         identity, _ = frontend.ready()
         group[0].close_sockets()
@@ -586,7 +590,7 @@ def test_fault_close_sockets(frontend: FrontendSide) -> None:
 
 
 def test_fault_exit(frontend: FrontendSide) -> None:
-    with EngineGroup(1) as group:
+    with EngineGroup(1, codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(frontend.inputs, frontend.outputs)
         frontend.ready()
         group[0].exit()
@@ -600,7 +604,7 @@ def test_fault_exit(frontend: FrontendSide) -> None:
 def test_scripted_die_over_sockets_reaches_every_client(two_clients: FrontendSide) -> None:
     fe = two_clients
     script = EngineScript(rules=[any_request([Emit([1]), Die()])])
-    with EngineGroup([script]) as group:
+    with EngineGroup([script], codec=DEFAULT_CODEC) as group:
         group.start_bootstrapped(fe.inputs, fe.outputs)
         identity, _ = fe.ready(0)
         fe.ready(1)
@@ -620,7 +624,7 @@ def test_stop_leaves_no_threads_and_tmp_dir_removable() -> None:
         inputs, outputs = [ipc.address("in")], [ipc.address("out")]
         router.bind(inputs[0])
         pull.bind(outputs[0])
-        group = EngineGroup(4, coordinator_address=ipc.address("stats"))
+        group = EngineGroup(4, coordinator_address=ipc.address("stats"), codec=DEFAULT_CODEC)
         group.start_bootstrapped(inputs, outputs)
         assert group.wait_registered(5.0)
         assert len(set(_engine_threads()) - before) == 5  # 4 engines + coordinator
@@ -644,7 +648,7 @@ def test_coordinator_binds_without_waiting_on_its_thread(frontend: FrontendSide)
     thread had bound. Now the caller binds; here the thread is held back and start() still
     returns with the address bound (a second bind of it fails)."""
     addr = frontend.ipc.address("stats")
-    with EngineGroup(2, coordinator_address=addr) as group:
+    with EngineGroup(2, coordinator_address=addr, codec=DEFAULT_CODEC) as group:
         coordinator = group.coordinator
         assert coordinator is not None
         release = threading.Event()
@@ -683,7 +687,7 @@ def test_coordinator_never_reads_an_engine_core_from_its_own_thread(
     addr = frontend.ipc.address("stats")
     sub = make_socket(frontend.ctx, zmq.SUB)
     try:
-        with EngineGroup(2, coordinator_address=addr) as group:
+        with EngineGroup(2, coordinator_address=addr, codec=DEFAULT_CODEC) as group:
             group.start_bootstrapped(frontend.inputs, frontend.outputs)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(addr)

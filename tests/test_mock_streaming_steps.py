@@ -24,7 +24,7 @@ T0 = 1000.0
 
 
 def _core(*steps: object) -> MockEngineCore:
-    core = MockEngineCore(0, EngineScript(rules=[any_request(list(steps))]))  # type: ignore[arg-type]
+    core = MockEngineCore(0, EngineScript(rules=[any_request(list(steps))]), codec=DEFAULT_CODEC)  # type: ignore[arg-type]
     params = m.SamplingParams(temperature=0.0, max_tokens=4)
     core.receive(C.encode_add(m.EngineCoreRequest("r1", [1, 2], None, params, None, 1.0,
                                                   None, None, None)), T0)
@@ -69,7 +69,7 @@ def test_emit_arrays_inline_then_as_aux_frame() -> None:
 
 
 def test_inject_outputs_is_sent_and_recorded_as_output() -> None:
-    core = MockEngineCore(0, EngineScript())
+    core = MockEngineCore(0, EngineScript(), codec=DEFAULT_CODEC)
     msg = m.EngineCoreOutputs(0, [m.EngineCoreOutput("x", [5])], None, time.monotonic())
     core.inject_outputs(T0, msg)
     (_n, sent), = _messages(core.poll(T0))

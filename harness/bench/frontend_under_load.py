@@ -25,6 +25,7 @@ from harness.frontends.run_config import RunConfig
 from harness.frontends.table import make_driver
 from harness.protocol.timing import DEFAULT, Timescale
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import codec_for
 from mock_engines import EngineGroup, EngineScript
 from mock_engines.loadgen import LoadMode, LoadStats
 
@@ -139,8 +140,10 @@ class BenchFrontend:
                         step_cost=mode.step_cost or options.engine_step_cost_s)
         scripts = [EngineScript(load=mode, retain_transcript=False) for _ in range(engines)]
         coordinator = self.ipc.address("dp-stats") if engines > 1 else None
-        self.group = EngineGroup(scripts, coordinator_address=coordinator)
-        self.driver: FrontendDriver = make_driver(RunConfig(spec, timescale=options.timescale))
+        config = RunConfig(spec, timescale=options.timescale)
+        self.group = EngineGroup(scripts, codec=codec_for(config.engine_profile),
+                                 coordinator_address=coordinator)
+        self.driver: FrontendDriver = make_driver(config)
         self.started_at = 0.0
         self.serving_at = 0.0
 

@@ -38,6 +38,7 @@ from harness.hygiene.memory_guard import guarded
 from harness.locations import IMPORT_ROOT
 from harness.protocol.timing import poll_until, use_in_case
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import codec_for
 from harness.protocol.wire.profiles import ProtocolProfile
 from harness.results.bounds import TRANSCRIPT_TEXT_LIMIT, bound_result, clip_value
 from harness.results.excerpt import transcript_excerpt
@@ -86,8 +87,8 @@ class CaseContext:
             else list(scripts)
         coordinator = (self._ipc.address("dp-stats") if len(scripts) > 1 and not coordinated
                        else None)
-        self.group = EngineGroup(scripts, coordinator_address=coordinator,
-                                 rank_offset=rank_offset, profile=self.profile)
+        self.group = EngineGroup(scripts, codec=codec_for(self.profile),
+                                 coordinator_address=coordinator, rank_offset=rank_offset)
         self.group.handshake = handshake or coordinated
         self.group.coordinated = coordinated
         self.start_attempt.attempted = True

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from harness.protocol.wire import DEFAULT_CODEC, WireCodec
+from harness.protocol.wire import WireCodec
 from harness.vllm_engine.engine_server import (
     SERVER_START_TIMEOUT,
     EngineServer,
@@ -97,7 +97,7 @@ class VllmCoreGroup:
     def __init__(self, engines: int = 1, *, mode: Mode = "cpu-stub",
                  step_delay_s: float = 0.0, log_stats: bool = True,
                  engine_args: dict[str, Any] | None = None,
-                 codec: WireCodec = DEFAULT_CODEC) -> None:
+                 codec: WireCodec) -> None:
         if engines != 1:
             raise NotImplementedError(
                 "the vLLM-core engine group runs one engine (DP=1): a real DP>1 deployment "

@@ -43,7 +43,7 @@ import zmq
 
 from harness.protocol.transport.endpoints import PrivateIpcDir
 from harness.protocol.transport.sockets import drain, identity_rank, make_socket
-from harness.protocol.wire import DEFAULT_CODEC, EngineDead, ProtocolError, WireCodec
+from harness.protocol.wire import EngineDead, ProtocolError, WireCodec
 from mock_engines.mailbox import Mailbox
 from mock_engines.transcript import Record, Transcript
 
@@ -76,14 +76,14 @@ class _Client:
 class RecordingProxy:
     """Forward and record every frame between one frontend and its engines."""
 
-    def __init__(self, ranks: Sequence[int], *, codec: WireCodec = DEFAULT_CODEC,
+    def __init__(self, ranks: Sequence[int], *, codec: WireCodec,
                  transcript: Transcript | None = None,
                  ipc: PrivateIpcDir | None = None) -> None:
         if not ranks:
             raise ValueError("a proxy needs at least one engine rank")
         self.ranks = list(ranks)
         self.codec = codec
-        self.transcript = transcript if transcript is not None else Transcript()
+        self.transcript = transcript if transcript is not None else Transcript(codec=codec)
         self.failure: BaseException | None = None
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._own_ipc = ipc is None

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from harness.frontends.api import FrontendDriver
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import DEFAULT_CODEC
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply
 
@@ -25,7 +26,7 @@ def run_driver(make: Callable[[], D], scripts: Sequence[EngineScript],
     async def main() -> None:
         ipc = PrivateIpcDir()
         coordinator = ipc.address("dp-stats") if len(scripts) > 1 else None
-        group = EngineGroup(list(scripts), coordinator_address=coordinator)
+        group = EngineGroup(list(scripts), coordinator_address=coordinator, codec=DEFAULT_CODEC)
         driver = make()
         try:
             await driver.start(group, start_timeout)

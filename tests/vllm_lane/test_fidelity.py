@@ -34,7 +34,7 @@ import pytest
 from harness.cases.helpers import trickle
 from harness.frontends.api import FrontendError
 from harness.frontends.reference import ReferenceDriver
-from harness.protocol.wire import AbortRequests
+from harness.protocol.wire import DEFAULT_CODEC, AbortRequests
 from harness.protocol.wire import messages as m
 from harness.vllm_engine import (
     RecordingProxy,
@@ -316,7 +316,7 @@ def mock_facets_for(variant: str) -> dict[str, str]:
     key = render(knobs)
     if key not in _MOCK_FACETS:
         script = EngineScript(rules=[by_prompt(PROMPT_B, trickle(STEP))], **knobs)
-        _MOCK_FACETS[key] = facets(run_scenario(EngineGroup([script])))
+        _MOCK_FACETS[key] = facets(run_scenario(EngineGroup([script], codec=DEFAULT_CODEC)))
     return _MOCK_FACETS[key]
 
 
@@ -342,7 +342,7 @@ def _explain(diff: dict[str, tuple[str, str]], doc: dict[str, tuple[str, str]]) 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mock_matches_real_engine_or_difference_is_documented(variant: str) -> None:
     mock = mock_facets_for(variant)
-    group = VllmCoreGroup(step_delay_s=STEP, log_stats=variant == "stats-on")
+    group = VllmCoreGroup(step_delay_s=STEP, log_stats=variant == "stats-on", codec=DEFAULT_CODEC)
     real = facets(run_scenario(group))
     # The scenario itself must have worked on the real engine, or the comparison is moot.
     assert real["abort.engine_serves_next_request"] == "[100, 101]"
@@ -374,8 +374,8 @@ class ProxiedMockGroup:
     stats_address = None
 
     def __init__(self, script: EngineScript) -> None:
-        self.mock = EngineGroup([script])
-        self.proxy = RecordingProxy([0])
+        self.mock = EngineGroup([script], codec=DEFAULT_CODEC)
+        self.proxy = RecordingProxy([0], codec=DEFAULT_CODEC)
         self.engines = self.mock.engines
         self.transcript = self.proxy.transcript
 

@@ -63,7 +63,7 @@ def run(body: Body, *, step_delay_s: float = STEP_DELAY, log_stats: bool = True)
     """Reference frontend + vLLM-core engine; `body` runs bounded; both always torn down."""
 
     async def main() -> None:
-        group = VllmCoreGroup(step_delay_s=step_delay_s, log_stats=log_stats)
+        group = VllmCoreGroup(step_delay_s=step_delay_s, log_stats=log_stats, codec=DEFAULT_CODEC)
         driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
@@ -211,7 +211,7 @@ def test_engine_death_reaches_the_frontend() -> None:
 
 def test_engine_process_is_reaped() -> None:
     async def main() -> None:
-        group = VllmCoreGroup()
+        group = VllmCoreGroup(codec=DEFAULT_CODEC)
         driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)
@@ -247,7 +247,7 @@ def test_handshake_mode_through_the_proxy() -> None:
     launcher.bind(hs)
     router.bind(inputs)
     pull.bind(outputs)
-    group = VllmCoreGroup()
+    group = VllmCoreGroup(codec=DEFAULT_CODEC)
     try:
         group.start_handshake(hs)
         assert launcher.poll(START_TIMEOUT * 1000)
@@ -285,7 +285,7 @@ def test_handshake_mode_through_the_proxy() -> None:
 
 def test_dp_above_one_is_refused_with_a_reason() -> None:
     with pytest.raises(NotImplementedError, match="DP=1"):
-        VllmCoreGroup(2)
+        VllmCoreGroup(2, codec=DEFAULT_CODEC)
 
 
 def test_gpu_mode_runs_only_on_a_cuda_machine() -> None:
@@ -302,7 +302,7 @@ def test_gpu_mode_runs_only_on_a_cuda_machine() -> None:
         pytest.fail(f"GPU engine server failed on a CUDA machine: {exc}")
 
     async def main() -> None:
-        group = VllmCoreGroup(mode="gpu")
+        group = VllmCoreGroup(mode="gpu", codec=DEFAULT_CODEC)
         driver = ReferenceDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, float(os.environ.get("COREWIRE_GPU_START_TIMEOUT", 600)))

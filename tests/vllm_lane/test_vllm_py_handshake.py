@@ -24,6 +24,7 @@ from harness.frontends.vllm_py.driver import VllmPyDriver
 from harness.frontends.vllm_py.handshake import STARTUP_GRACE
 from harness.hygiene.leaks import _children
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import DEFAULT_CODEC
 from harness.protocol.wire import messages as m
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript
@@ -36,7 +37,7 @@ START_TIMEOUT = 15.0
 
 def _group(scripts: Sequence[EngineScript], ipc: PrivateIpcDir) -> EngineGroup:
     group = EngineGroup(list(scripts), coordinator_address=ipc.address("dp-stats")
-                        if len(scripts) > 1 else None)
+                        if len(scripts) > 1 else None, codec=DEFAULT_CODEC)
     group.handshake = True
     return group
 

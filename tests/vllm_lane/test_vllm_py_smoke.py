@@ -20,6 +20,7 @@ from harness.cases.helpers import hold, prompt, request_for, requests_for
 from harness.frontends.api import FrontendError, StartupError
 from harness.frontends.vllm_py.driver import VllmPyDriver
 from harness.protocol.transport.endpoints import PrivateIpcDir
+from harness.protocol.wire import DEFAULT_CODEC
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, any_request
 from tests.timescale import TIMESCALE, scaled
@@ -137,7 +138,7 @@ def test_never_registering_engine_is_a_bounded_startup_error() -> None:
     async def main() -> None:
         ipc = PrivateIpcDir()
         group = EngineGroup([EngineScript(), EngineScript(register=False)],
-                            coordinator_address=ipc.address("dp-stats"))
+                            coordinator_address=ipc.address("dp-stats"), codec=DEFAULT_CODEC)
         driver = VllmPyDriver().with_timescale(TIMESCALE)
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -166,7 +167,8 @@ def test_teardown_leaks_nothing() -> None:
         ipc = PrivateIpcDir()
         group = EngineGroup([EngineScript(rules=[any_request(hold())],
                                           ready_payload=ready_payload) for _ in range(n)],
-                            coordinator_address=ipc.address("dp-stats") if n > 1 else None)
+                            coordinator_address=ipc.address("dp-stats") if n > 1 else None,
+                                    codec=DEFAULT_CODEC)
         driver = VllmPyDriver().with_timescale(TIMESCALE)
         try:
             await driver.start(group, START_TIMEOUT)

@@ -21,6 +21,7 @@ from harness.cases.helpers import hold, prompt, request_for, requests_for
 from harness.frontends.api import FrontendError, StartupError, UnsupportedOperation
 from harness.frontends.vllm_rs.control import ControlError
 from harness.frontends.vllm_rs.driver import VllmRsDriver
+from harness.protocol.wire import DEFAULT_CODEC
 from mock_engines.group import EngineGroup
 from mock_engines.script import EngineScript, UtilityReply, any_request, default_ready
 from tests.timescale import TIMESCALE, scaled
@@ -228,7 +229,7 @@ def test_request_error_ends_stream() -> None:
 
 def test_malformed_ready_is_startup_error() -> None:
     async def main() -> None:
-        group = EngineGroup([EngineScript(ready_payload=b"\xc1garbage")])
+        group = EngineGroup([EngineScript(ready_payload=b"\xc1garbage")], codec=DEFAULT_CODEC)
         driver = VllmRsDriver().with_timescale(TIMESCALE)
         began = time.monotonic()
         try:
@@ -273,7 +274,7 @@ def test_shutdown_is_idempotent_and_safe_before_start() -> None:
     async def main() -> None:
         driver = VllmRsDriver().with_timescale(TIMESCALE)
         await driver.shutdown()  # never started
-        group = EngineGroup(1)
+        group = EngineGroup(1, codec=DEFAULT_CODEC)
         try:
             await driver.start(group, START_TIMEOUT)
             pid = driver.proc.pid if driver.proc else -1
