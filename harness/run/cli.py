@@ -282,14 +282,13 @@ def _bench(args: argparse.Namespace) -> int:
     from harness.bench import SCENARIOS, BenchOptions, run_bench
     from harness.bench.gate import EXIT_REGRESSION, compare, load_baseline
     from harness.bench.report import write_json, write_markdown, write_plots
-    from harness.frontends.table import check_spec
+    from harness.frontends.run_config import RunConfig, RunConfigError
 
     frontends = args.frontend or ["reference"]
-    for spec in frontends:
-        try:
-            check_spec(spec)
-        except ValueError as exc:
-            raise CliUsageError(str(exc)) from None
+    try:  # the frontends and $COREWIRE_TIMESCALE, checked once
+        run_config = RunConfig.from_options(frontends, environ=os.environ)
+    except RunConfigError as exc:
+        raise CliUsageError(str(exc)) from None
     scenarios = (list(SCENARIOS) if not args.scenarios
                  else [s.strip() for s in args.scenarios.split(",") if s.strip()])
     unknown = [s for s in scenarios if s not in SCENARIOS]
@@ -302,7 +301,7 @@ def _bench(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliUsageError(f"--report-dir {args.report_dir}: {exc}") from None
     options = BenchOptions.quick() if args.quick else BenchOptions()
-    options.timescale = Timescale.from_environment(os.environ)  # read once, handed down
+    options.timescale = run_config.timescale
     doc = run_bench(frontends, scenarios, options)
     paths = [write_json(doc, args.report_dir), write_markdown(doc, args.report_dir),
              *write_plots(doc, args.report_dir)]
