@@ -61,14 +61,16 @@ def case(case_id: str, level: Level, requirement: str, *, grounds: Grounds | Non
     function called with the entry's values its signature names (keys in SPEC_KEYS set
     that case's level, needs, grounds or timeout instead)."""
     entries = None if params is None else [dict(entry) for entry in params]
+    # A single case's declaration is checked at once, where it is written.
+    single = None if entries is not None else _spec(case_id, level, requirement, grounds,
+                                                   source, needs, timeout)
 
     def mark(fn: CaseFn) -> CaseFn:
-        if entries is None:
-            spec = _spec(case_id, level, requirement, grounds, source, needs, timeout)
-            declared: tuple[DeclaredCase, ...] = (DeclaredCase(spec, fn),)
+        if single is not None:
+            declared: tuple[DeclaredCase, ...] = (DeclaredCase(single, fn),)
         else:
             declared = tuple(_bound(fn, entry, case_id, level, requirement, grounds, source,
-                                    needs, timeout) for entry in entries)
+                                    needs, timeout) for entry in entries or ())
         ids = [d.spec.case_id for d in declared]
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"{case_id}: params give no case, or one id twice: {ids}")
