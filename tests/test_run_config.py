@@ -54,3 +54,27 @@ def test_the_driver_is_built_from_the_config_with_its_time_scale() -> None:
     driver = make_driver(config)
     assert driver.timescale == Timescale(4.0)
     assert make_driver(RunConfig("vllm-rs@0.22.1")).name == "vllm-rs@0.22.1"
+
+
+def test_a_unit_that_cannot_preload_leaves_its_cases_to_say_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preload only saves time: its failure must not end the session (each case of the
+    unit then fails with the reason, as without it)."""
+    from types import SimpleNamespace
+
+    from harness.cases.declaration import CaseSpec
+    from harness.components.units import ComponentSlot
+    from harness.results.records import Level
+    from harness.run.selection import preload_components
+
+    tried: list[str] = []
+
+    def broken(self: ComponentSlot[object], name: str) -> None:
+        tried.append(name)
+        raise ImportError("no nixl here")
+
+    monkeypatch.setattr(ComponentSlot, "preload", broken)
+    spec = CaseSpec("components.kv_failure.x", Level.MUST, "r", "PR #1")
+    items = [SimpleNamespace(corewire_spec=spec), SimpleNamespace()]
+    preload_components(items, RunConfig(component_units={"kv": "vllm-nixl"}))  # type: ignore[arg-type]
+    assert tried == ["vllm-nixl"]

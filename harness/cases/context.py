@@ -36,7 +36,7 @@ from harness.hygiene import zmq_guard
 from harness.hygiene.leaks import observe_temp_sockets
 from harness.hygiene.memory_guard import guarded
 from harness.locations import IMPORT_ROOT
-from harness.protocol.timing import poll_until, use_in_case
+from harness.protocol.timing import Timescale, poll_until, use_in_case
 from harness.protocol.transport.endpoints import PrivateIpcDir
 from harness.protocol.wire import codec_for
 from harness.protocol.wire.profiles import ProtocolProfile
@@ -57,15 +57,22 @@ class CaseContext:
         self.spec = spec
         self.driver = driver
         self.config = config  # the run's settings for this frontend
-        self.timescale = config.timescale  # the run's factor for every window
-        # The protocol the mock engines speak: the run's --profile, else the frontend's own.
-        self.profile: ProtocolProfile = config.engine_profile
         self.group: EngineGroup | None = None
         self.evidence = Evidence()
         self.start_attempt = StartAttempt()
         self.start_error: BaseException | None = None  # what driver.start() raised
         self._ipc = PrivateIpcDir()
         self._zmq_mark = zmq_guard.mark()  # contexts made after this are the case's
+
+    @property
+    def timescale(self) -> Timescale:
+        """The run's factor for every window."""
+        return self.config.timescale
+
+    @property
+    def profile(self) -> ProtocolProfile:
+        """The protocol the mock engines speak: the run's --profile, else the frontend's."""
+        return self.config.engine_profile
 
     def t(self, seconds: float) -> float:
         """A wait bound, scaled by the run's time-scale factor."""
